@@ -1,0 +1,189 @@
+"""``airspace``: free-text drone airspace notices -> JSON list of active no-fly zones.
+
+Prompt: an instruction line, then ``n`` notices (``min_notices <= n <= max_notices``,
+at most 20) in random order, one per line. ``m <= n // 2`` of them modify an earlier
+zone: ``NOTICE Zxx CANCELLED`` (zone dropped) or ``NOTICE Zxx AMENDED: radius now ...`` /
+``... window now ...`` (that field replaced). Modifiers apply wherever they appear in the
+list, and each zone gets at most one.
+
+Answer: compact JSON (no spaces), zones sorted by id, keys in the order
+``id, location, radius_km, start, end``; ``radius_km`` has one decimal, times are
+``HH:MM``. ``[]`` when every zone is cancelled.
+
+Unit choice (kept learnable for a ~5M-parameter model): radii are tenths of a km in
+``[0.3, 8.0]``, written either in km (``2.5 km`` / ``2.5 kilometres`` / ``2.5km``; whole
+values without ``.0``) or in metres (``2500 m`` / ``2500 metres``), where metres -> km
+is a pure shift of the decimal point. Nautical miles (``x NM``, km = NM * 1.852
+rounded half-up to 0.1) need real arithmetic, so they are off unless
+``nautical_miles=True``. Locations are named places or coordinates written the same way
+in prompt and answer (``31.24N 121.47E``), so they are copied verbatim.
+
+Scoring: the output is parsed as JSON; ``correct`` iff the parsed value equals the
+target (order included). Malformed JSON scores ``correct=False, valid_json=False``.
+``zone_f1`` gives partial credit over exactly matching zones.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from clover.data.tasks import timefmt
+from clover.data.tasks.base import Example, Task, clean_output
+from clover.data.tasks.vocab import PLACES
+
+MAX_NOTICES = 20
+INSTRUCTION = "Read the airspace notices and list the active no-fly zones as JSON."
+
+_ZONE_TEMPLATES: tuple[str, ...] = (
+    "NOTICE {id}: No drone flights within {r} of {loc}, {t}.",
+    "NOTICE {id} - {loc}: restricted airspace, radius {r}, {t}.",
+    "NOTICE {id}: UAV operations prohibited in a {r} radius around {loc}, {t}.",
+    "NOTICE {id}: Temporary no-fly zone at {loc} ({r} radius), {t}.",
+    "NOTICE {id}: {loc} closed to drones out to {r}, {t}.",
+)
+_CANCEL_TEMPLATES: tuple[str, ...] = (
+    "NOTICE {id} CANCELLED.",
+    "NOTICE {id} CANCELLED, zone released.",
+)
+_RADIUS_TEMPLATE = "NOTICE {id} AMENDED: radius now {r}."
+_WINDOW_TEMPLATE = "NOTICE {id} AMENDED: window now {t}."
+
+
+@dataclass
+class _Zone:
+    """Mutable working state of one zone while a prompt is being built."""
+
+    id: str
+    location: str
+    radius_tenths: int
+    start: int
+    end: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "location": self.location,
+            "radius_km": self.radius_tenths / 10,
+            "start": timefmt.hhmm(self.start),
+            "end": timefmt.hhmm(self.end),
+        }
+
+
+class AirspaceTask(Task):
+    """Drone airspace notices to no-fly-zone JSON (see module docstring)."""
+
+    name = "airspace"
+
+    def __init__(self, min_notices: int = 1, max_notices: int = 6, nautical_miles: bool = False):
+        if not 1 <= min_notices <= max_notices <= MAX_NOTICES:
+            raise ValueError(f"need 1 <= min_notices <= max_notices <= {MAX_NOTICES}")
+        self.min_notices = min_notices
+        self.max_notices = max_notices
+        self.nautical_miles = nautical_miles
+
+    def sample(self, rng: random.Random) -> Example:
+        n = rng.randint(self.min_notices, self.max_notices)
+        n_mods = rng.randint(0, n // 2)
+        zones = self._zones(rng, n - n_mods)
+        lines = [self._zone_line(rng, z) for z in zones]
+        for zone in rng.sample(zones, n_mods):
+            lines.append(self._modify(rng, zone))
+        rng.shuffle(lines)
+        active = sorted((z for z in zones if z.radius_tenths > 0), key=lambda z: z.id)
+        target = [z.as_json() for z in active]
+        prompt = INSTRUCTION + "\n" + "\n".join(lines)
+        answer = json.dumps(target, separators=(",", ":"), ensure_ascii=False)
+        return Example(prompt, answer, self.name, {"zones": target, "n_notices": n})
+
+    def score(self, example: Example, output_text: str) -> dict[str, Any]:
+        target = example.meta["zones"]
+        try:
+            parsed = json.loads(clean_output(output_text))
+        except ValueError:
+            return {"correct": False, "valid_json": False, "zone_f1": 0.0}
+        if not isinstance(parsed, list):
+            return {"correct": False, "valid_json": True, "zone_f1": 0.0}
+        return {"correct": parsed == target, "valid_json": True, "zone_f1": _zone_f1(parsed, target)}
+
+    # -- drawing ---------------------------------------------------------------
+
+    def _zones(self, rng: random.Random, k: int) -> list[_Zone]:
+        ids = sorted(rng.sample(range(10, 100), k))
+        places = rng.sample(PLACES, k)
+        zones = []
+        for i, place in zip(ids, places):
+            loc = _coordinates(rng) if rng.random() < 0.25 else place
+            start, end = timefmt.sample_window(rng)
+            zones.append(_Zone(f"Z{i}", loc, rng.randint(3, 80), start, end))
+        return zones
+
+    def _zone_line(self, rng: random.Random, zone: _Zone) -> str:
+        template = rng.choice(_ZONE_TEMPLATES)
+        r = self._radius_phrase(rng, zone)
+        t = timefmt.window_phrase(rng, zone.start, zone.end)
+        return template.format(id=zone.id, r=r, loc=zone.location, t=t)
+
+    def _modify(self, rng: random.Random, zone: _Zone) -> str:
+        """Apply one random modifier to ``zone`` and return its notice line.
+        A cancelled zone is marked by ``radius_tenths = 0``."""
+        kind = rng.choice(("cancel", "radius", "window"))
+        if kind == "cancel":
+            zone.radius_tenths = 0
+            return rng.choice(_CANCEL_TEMPLATES).format(id=zone.id)
+        if kind == "radius":
+            old = zone.radius_tenths
+            zone.radius_tenths = rng.choice([r for r in range(3, 81) if r != old])
+            return _RADIUS_TEMPLATE.format(id=zone.id, r=self._radius_phrase(rng, zone))
+        old_window = (zone.start, zone.end)
+        while (zone.start, zone.end) == old_window:
+            zone.start, zone.end = timefmt.sample_window(rng)
+        t = timefmt.window_phrase(rng, zone.start, zone.end)
+        return _WINDOW_TEMPLATE.format(id=zone.id, t=t)
+
+    def _radius_phrase(self, rng: random.Random, zone: _Zone) -> str:
+        """Word the zone's radius; with nautical miles on, may first redraw the radius
+        so that it is exactly what the NM value rounds to."""
+        kind = rng.choice(("km", "km", "m", "nm") if self.nautical_miles else ("km", "km", "m"))
+        if kind == "nm":
+            nm_tenths = rng.randint(2, 43)
+            zone.radius_tenths = (nm_tenths * 1852 + 500) // 1000
+            return f"{_tenths_text(nm_tenths)} NM"
+        if kind == "m":
+            return rng.choice(("{} m", "{} metres")).format(zone.radius_tenths * 100)
+        km = _tenths_text(zone.radius_tenths)
+        return rng.choice(("{} km", "{} kilometres", "{}km")).format(km)
+
+
+def _tenths_text(tenths: int) -> str:
+    """``25 -> "2.5"``, ``30 -> "3"`` (whole values lose the ``.0``)."""
+    return str(tenths // 10) if tenths % 10 == 0 else f"{tenths // 10}.{tenths % 10}"
+
+
+def _coordinates(rng: random.Random) -> str:
+    """A point like ``31.24N 121.47E`` (two decimals, northern/eastern hemisphere)."""
+    lat = rng.randint(2000, 4599)
+    lon = rng.randint(10000, 12599)
+    return f"{lat // 100}.{lat % 100:02d}N {lon // 100}.{lon % 100:02d}E"
+
+
+def _canonical(zone: Any) -> str:
+    """Order-free text key for a zone; numbers compare as floats (``3 == 3.0``)."""
+    if isinstance(zone, dict):
+        zone = {k: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+                for k, v in zone.items()}
+    return json.dumps(zone, sort_keys=True, ensure_ascii=False)
+
+
+def _zone_f1(parsed: list[Any], target: list[dict[str, Any]]) -> float:
+    """F1 over exactly matching zones (multiset); 1.0 when both are empty."""
+    if not parsed and not target:
+        return 1.0
+    hits = sum((Counter(map(_canonical, parsed)) & Counter(map(_canonical, target))).values())
+    if hits == 0:
+        return 0.0
+    precision, recall = hits / len(parsed), hits / len(target)
+    return 2 * precision * recall / (precision + recall)

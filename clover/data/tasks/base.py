@@ -1,0 +1,85 @@
+"""The contract every synthetic task follows, and the split rule they share.
+
+A task turns ``(seed, split)`` into one ``Example`` and scores a model's output text.
+
+Determinism: ``generate(seed, split)`` seeds a private ``random.Random`` from the string
+``"{name}|{split}|{seed}|{attempt}"`` (string seeds hash through SHA-512 in CPython, so
+this is stable across processes and ``PYTHONHASHSEED``). Same arguments, same example.
+
+Disjoint splits: the split an example belongs to is a property of its prompt,
+``split_of(prompt)``: the SHA-256 of the prompt modulo ``SPLIT_MODULUS`` is ``0`` for
+``eval`` and anything else for ``train``. ``generate`` re-draws (``attempt`` += 1) until
+the sampled prompt belongs to the requested split, so no prompt can ever appear in both
+splits, whatever seeds are used. About 1 in ``SPLIT_MODULUS`` draws is eval, so eval
+generation costs ``SPLIT_MODULUS`` draws on average and train about 1.1.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+SPLITS: tuple[str, ...] = ("train", "eval")
+SPLIT_MODULUS = 10
+_MAX_ATTEMPTS = 10_000
+
+
+@dataclass(frozen=True)
+class Example:
+    """One task instance. ``prompt`` is the user message text; ``answer`` the exact
+    target completion (no chat tokens); ``meta`` holds task-specific structured data
+    (e.g. the parsed target) that scorers may use."""
+
+    prompt: str
+    answer: str
+    task: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def split_of(prompt: str) -> str:
+    """The split that owns ``prompt``: ``"eval"`` or ``"train"`` (pure function of text)."""
+    digest = hashlib.sha256(prompt.encode("utf-8")).digest()
+    return "eval" if int.from_bytes(digest[:8], "big") % SPLIT_MODULUS == 0 else "train"
+
+
+class Task(abc.ABC):
+    """A deterministic example generator with its scorer.
+
+    Subclasses set ``name`` and implement ``sample`` (draw one example from ``rng``
+    ignoring splits) and ``score``.
+    """
+
+    name: str = ""
+
+    def generate(self, seed: int, split: str) -> Example:
+        """The example for ``(seed, split)``; its prompt always satisfies ``split_of``."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        for attempt in range(_MAX_ATTEMPTS):
+            example = self.sample(random.Random(f"{self.name}|{split}|{seed}|{attempt}"))
+            if split_of(example.prompt) == split:
+                return example
+        raise RuntimeError(f"{self.name}: no {split} example after {_MAX_ATTEMPTS} draws")
+
+    @abc.abstractmethod
+    def sample(self, rng: random.Random) -> Example:
+        """Draw one example using only ``rng`` for randomness."""
+
+    @abc.abstractmethod
+    def score(self, example: Example, output_text: str) -> dict[str, Any]:
+        """Score ``output_text`` against ``example``. Never raises on malformed output;
+        the result holds at least ``{"correct": bool}``."""
+
+
+def clean_output(output_text: str) -> str:
+    """Strip what a model may emit around an answer: a leading think block, end tokens
+    and surrounding whitespace."""
+    text = output_text
+    if "</think>" in text:
+        text = text.split("</think>", 1)[1]
+    for stop in ("<|im_end|>", "<|endoftext|>"):
+        text = text.split(stop, 1)[0]
+    return text.strip()

@@ -1,0 +1,129 @@
+"""``joint``: rules + facts about pilots, then 2..8 linked yes/no questions answered at once.
+
+World: 3 base properties (drawn from ``_BASE``) and 2..3 derived properties (from
+``_DERIVED``). Each derived property has one rule, "Anyone who is A and B is D." (or a
+single condition), whose conditions are base properties or earlier derived ones, so
+rules chain. Facts give each pilot a subset of the base properties. Closed world: a
+pilot has a property only if a fact states it or a rule derives it.
+
+Questions ask "Is <pilot> <property>?" for distinct (pilot, property) pairs, sorted by
+pilot then property order, so a derived question usually follows the questions it
+depends on; answers therefore constrain each other (if 1:no and rule needs it, 2 is no).
+
+Answer: one line ``1:yes 2:no 3:yes``. Scoring parses ``<n>:yes|no`` pairs (first
+occurrence of each number counts): ``item_accuracy`` = right items / questions,
+``correct`` iff every item is right and no other numbers were answered.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from clover.data.tasks.base import Example, Task, clean_output
+from clover.data.tasks.vocab import FIRST_NAMES
+
+MIN_QUESTIONS, MAX_QUESTIONS = 2, 8
+INSTRUCTION = "Answer every question with yes or no, all on one line."
+
+_BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
+_DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
+_PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
+
+Rule = tuple[str, tuple[str, ...]]  # (derived property, conditions)
+
+
+class JointTask(Task):
+    """Joint yes/no decisions under shared rules (see module docstring)."""
+
+    name = "joint"
+
+    def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = MAX_QUESTIONS):
+        if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
+            raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}")
+        self.min_questions = min_questions
+        self.max_questions = max_questions
+
+    def sample(self, rng: random.Random) -> Example:
+        base = rng.sample(_BASE, 3)
+        rules = _rules(rng, base)
+        props = base + [d for d, _ in rules]
+        n_q = rng.randint(self.min_questions, self.max_questions)
+        n_people = rng.randint(-(-n_q // len(props)), 3)
+        people = rng.sample(FIRST_NAMES, n_people)
+        facts = {p: {b for b in base if rng.random() < 0.55} for p in people}
+        truth = {p: _closure(facts[p], rules) for p in people}
+        pairs = rng.sample([(i, j) for i in range(n_people) for j in range(len(props))], n_q)
+        pairs.sort()
+        questions = [(people[i], props[j]) for i, j in pairs]
+        answers = [props_of in truth[p] for p, props_of in questions]
+        prompt = _render(rules, people, facts, base, questions)
+        answer = " ".join(f"{k}:{_yn(a)}" for k, a in enumerate(answers, 1))
+        return Example(prompt, answer, self.name, {"answers": answers})
+
+    def score(self, example: Example, output_text: str) -> dict[str, Any]:
+        target: list[bool] = example.meta["answers"]
+        given: dict[int, bool] = {}
+        for number, word in _PAIR.findall(clean_output(output_text)):
+            given.setdefault(int(number), word.lower() == "yes")
+        right = sum(given.get(k) == a for k, a in enumerate(target, 1))
+        extra = set(given) - set(range(1, len(target) + 1))
+        return {
+            "correct": right == len(target) and not extra,
+            "item_accuracy": right / len(target),
+            "n_items": len(target),
+        }
+
+
+def _rules(rng: random.Random, base: list[str]) -> list[Rule]:
+    """2..3 rules; each derives a new property from 1..2 known ones, using the
+    previous derived property when there is one so the rules form a chain."""
+    known = list(base)
+    rules: list[Rule] = []
+    for derived in rng.sample(_DERIVED, rng.randint(2, 3)):
+        k = rng.choice((1, 2, 2))
+        conds = rng.sample(known, k)
+        if rules and rules[-1][0] not in conds:
+            conds[0] = rules[-1][0]
+        rules.append((derived, tuple(sorted(set(conds), key=known.index))))
+        known.append(derived)
+    return rules
+
+
+def _closure(facts: set[str], rules: list[Rule]) -> set[str]:
+    """Everything true for one pilot; rules are ordered so one pass suffices."""
+    true = set(facts)
+    for derived, conds in rules:
+        if all(c in true for c in conds):
+            true.add(derived)
+    return true
+
+
+def _render(
+    rules: list[Rule],
+    people: list[str],
+    facts: dict[str, set[str]],
+    base: list[str],
+    questions: list[tuple[str, str]],
+) -> str:
+    rule_lines = [f"Anyone who is {_join(conds)} is {d}." for d, conds in rules]
+    fact_lines = []
+    for p in people:
+        held = [b for b in base if b in facts[p]]
+        fact_lines.append(f"{p} is {_join(held)}." if held else f"{p} has none of these.")
+    q_lines = [f"{k}. Is {p} {prop}?" for k, (p, prop) in enumerate(questions, 1)]
+    return "\n".join(
+        ["Rules:", *rule_lines, "Facts (nothing else is true):", *fact_lines,
+         "Questions:", *q_lines, INSTRUCTION]
+    )
+
+
+def _join(words: list[str] | tuple[str, ...]) -> str:
+    """``[a] -> "a"``, ``[a, b] -> "a and b"``, ``[a, b, c] -> "a, b and c"``."""
+    words = list(words)
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _yn(value: bool) -> str:
+    return "yes" if value else "no"

@@ -1,0 +1,134 @@
+"""Train, save and load the small byte-level BPE tokenizer that Clover models ship.
+
+Contract:
+  * ``SPECIAL_TOKENS`` take ids ``0 .. len(SPECIAL_TOKENS) - 1`` in list order, each
+    encodes to exactly one id wherever it appears in text, and is never split.
+  * Byte-level: every UTF-8 string round-trips exactly,
+    ``tok.decode(tok.encode(x)) == x`` (no prefix space, no clean-up of spaces).
+  * Digits are always single tokens and letters never merge with digits, which makes
+    numbers easy for a tiny model to copy and compare.
+  * ``save_tokenizer`` writes a folder that ``transformers.AutoTokenizer.from_pretrained``
+    loads offline, chat template included.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from clover.data.chat_template import CHAT_TEMPLATE
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+MASK = "<|mask|>"
+
+SPECIAL_TOKENS: list[str] = [
+    ENDOFTEXT,
+    IM_START,
+    IM_END,
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    MASK,
+]
+
+# Pieces the BPE may merge inside (never across): an English contraction, a run of
+# letters with at most one leading non-letter/non-digit char (" word", "_name"), one
+# digit, a run of punctuation with trailing newlines, newline runs, other whitespace.
+_SPLIT_PATTERN = (
+    r"'(?:[sdmt]|ll|ve|re)"
+    r"|[^\r\n\p{L}\p{N}]?\p{L}+"
+    r"|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+"
+    r"|\s+(?!\S)"
+    r"|\s+"
+)
+
+
+def _build_backend() -> Tokenizer:
+    """An untrained BPE whose pre-tokenizer and decoder make it lossless on bytes."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def wrap_backend(backend: Tokenizer) -> PreTrainedTokenizerFast:
+    """Wrap a trained ``tokenizers.Tokenizer`` with Clover's special-token roles and template."""
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        mask_token=MASK,
+        clean_up_tokenization_spaces=False,
+        model_max_length=1 << 20,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE of at most ``vocab_size`` entries on ``texts``.
+
+    The vocabulary always holds the special tokens (first ids) and all 256 byte symbols,
+    so ``vocab_size`` must exceed ``len(SPECIAL_TOKENS) + 256``. Training consumes the
+    iterable once; it is deterministic for a given sequence of texts.
+    """
+    floor = len(SPECIAL_TOKENS) + 256
+    if vocab_size <= floor:
+        raise ValueError(f"vocab_size must be > {floor}, got {vocab_size}")
+    backend = _build_backend()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_strip_specials(texts), trainer=trainer)
+    for i, token in enumerate(SPECIAL_TOKENS):
+        assert backend.token_to_id(token) == i, f"{token} did not get id {i}"
+    return wrap_backend(backend)
+
+
+def _strip_specials(texts: Iterable[str]) -> Iterator[str]:
+    """Drop special-token strings so merges are learned on ordinary text only."""
+    for text in texts:
+        for token in SPECIAL_TOKENS:
+            text = text.replace(token, "\n")
+        yield text
+
+
+def save_tokenizer(tok: PreTrainedTokenizerFast, directory: str | Path) -> Path:
+    """Write ``tokenizer.json`` and ``tokenizer_config.json`` (plus whatever transformers
+    adds, e.g. the chat template file) into ``directory``; return its path."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(path))
+    _pin_config(path / "tokenizer_config.json")
+    return path
+
+
+def _pin_config(config_path: Path) -> None:
+    """Make the config self-describing so AutoTokenizer needs no ``config.json``."""
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config.setdefault("chat_template", CHAT_TEMPLATE)
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:
+    """Load a folder written by ``save_tokenizer`` (offline, via AutoTokenizer)."""
+    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
