@@ -57,7 +57,7 @@ class JointTask(Task):
         pairs = rng.sample([(i, j) for i in range(n_people) for j in range(len(props))], n_q)
         pairs.sort()
         questions = [(people[i], props[j]) for i, j in pairs]
-        answers = [props_of in truth[p] for p, props_of in questions]
+        answers = [prop in truth[p] for p, prop in questions]
         prompt = _render(rules, people, facts, base, questions)
         answer = " ".join(f"{k}:{_yn(a)}" for k, a in enumerate(answers, 1))
         return Example(prompt, answer, self.name, {"answers": answers})
