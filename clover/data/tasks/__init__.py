@@ -1,0 +1,32 @@
+"""Synthetic tasks: a registry from name to task class.
+
+``get_task(name, **options)`` builds a task; options go to its constructor (e.g.
+``get_task("airspace", max_notices=20)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clover.data.tasks.airspace import AirspaceTask
+from clover.data.tasks.base import SPLITS, Example, Task, split_of
+from clover.data.tasks.joint import JointTask
+from clover.data.tasks.record import RecordTask
+
+TASKS: dict[str, type[Task]] = {
+    AirspaceTask.name: AirspaceTask,
+    JointTask.name: JointTask,
+    RecordTask.name: RecordTask,
+}
+
+
+def get_task(name: str, **options: Any) -> Task:
+    """The task registered as ``name``, constructed with ``options``."""
+    try:
+        cls = TASKS[name]
+    except KeyError:
+        raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS)}") from None
+    return cls(**options)
+
+
+__all__ = ["TASKS", "SPLITS", "Example", "Task", "get_task", "split_of"]

@@ -1,0 +1,65 @@
+"""Training / eval mixtures and their chat formatting."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from clover.data.corpus import (
+    eval_examples,
+    format_chat,
+    tokenizer_corpus,
+    training_examples,
+)
+from clover.data.tasks import TASKS, split_of
+from clover.data.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(tokenizer_corpus(training_examples(600, seed=2)), vocab_size=3000)
+
+
+def test_training_mixture_is_balanced_and_reproducible():
+    a, b = training_examples(90, seed=3), training_examples(90, seed=3)
+    assert a == b
+    assert Counter(e.task for e in a) == {name: 30 for name in TASKS}
+    assert all(split_of(e.prompt) == "train" for e in a)
+    assert training_examples(30, seed=4) != training_examples(30, seed=3)[:30]
+
+
+def test_eval_examples_are_eval_split():
+    evals = eval_examples(5, seed=0)
+    assert [e.task for e in evals] == [name for name in TASKS for _ in range(5)]
+    assert all(split_of(e.prompt) == "eval" for e in evals)
+    assert evals == eval_examples(5, seed=0)
+    train_prompts = {e.prompt for e in training_examples(600, seed=0)}
+    assert train_prompts.isdisjoint(e.prompt for e in evals)
+
+
+def test_format_chat_without_thinking(tok):
+    ex = training_examples(1, seed=0)[0]
+    prompt, answer = format_chat(tok, ex)
+    assert prompt == (f"<|im_start|>user\n{ex.prompt}<|im_end|>\n"
+                      "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert answer == ex.answer + "<|im_end|>"
+    full = tok.encode(prompt + answer, add_special_tokens=False)
+    assert tok.decode(full) == prompt + answer and full[-1] == tok.eos_token_id
+
+
+def test_format_chat_with_thinking(tok):
+    ex = training_examples(1, seed=0)[0]
+    chat = format_chat(tok, ex, enable_thinking=True)
+    assert chat.prompt.endswith("<|im_start|>assistant\n")
+    assert chat.answer == "<think>\n\n</think>\n\n" + ex.answer + "<|im_end|>"
+
+
+def test_record_answers_are_long(tok):
+    lengths = [len(tok.encode(e.answer, add_special_tokens=False)) for e in eval_examples(20) if e.task == "record"]
+    assert min(lengths) > 32
+
+
+def test_default_prompts_are_short(tok):
+    lengths = [len(tok.encode(format_chat(tok, e).prompt, add_special_tokens=False)) for e in eval_examples(50)]
+    assert max(lengths) < 400 and sum(lengths) / len(lengths) < 300

@@ -1,0 +1,137 @@
+"""Task generators: deterministic per (seed, split), disjoint splits, sane content."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from clover.data.tasks import TASKS, Example, get_task, split_of
+from clover.data.tasks.airspace import AirspaceTask
+
+NAMES = sorted(TASKS)
+_RADIUS = re.compile(r"(\d+(?:\.\d)?) ?(km|kilometres|metres|m|NM)\b")
+
+
+def _radius_km(text: str) -> float:
+    """Independent reading of the (single) radius phrase in ``text``, in km to 0.1."""
+    (value, unit), = _RADIUS.findall(text)
+    factor = {"km": 1.0, "kilometres": 1.0, "m": 0.001, "metres": 0.001, "NM": 1.852}[unit]
+    return int(float(value) * factor * 10 + 0.5 + 1e-9) / 10
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|mask|>", "<think>")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_seed_same_example(name):
+    a, b = get_task(name), get_task(name)
+    for seed in range(20):
+        assert a.generate(seed, "train") == b.generate(seed, "train")
+        assert a.generate(seed, "eval") == b.generate(seed, "eval")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_different_seeds_vary(name):
+    task = get_task(name)
+    prompts = {task.generate(seed, "train").prompt for seed in range(50)}
+    assert len(prompts) >= 45
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_splits_are_disjoint(name):
+    task = get_task(name)
+    train = {task.generate(seed, "train").prompt for seed in range(2000)}
+    evals = {task.generate(seed, "eval").prompt for seed in range(200)}
+    assert train.isdisjoint(evals)
+    assert all(split_of(p) == "train" for p in train)
+    assert all(split_of(p) == "eval" for p in evals)
+    assert len(evals) >= 190
+
+
+def test_unknown_split_and_task():
+    with pytest.raises(ValueError):
+        get_task("airspace").generate(0, "test")
+    with pytest.raises(KeyError):
+        get_task("nope")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_examples_are_plain_text(name):
+    task = get_task(name)
+    for seed in range(30):
+        ex = task.generate(seed, "train")
+        assert isinstance(ex, Example) and ex.task == name
+        assert ex.prompt and ex.answer and ex.answer == ex.answer.strip()
+        assert not any(t in ex.prompt or t in ex.answer for t in CHAT_TOKENS)
+        assert task.score(ex, ex.answer)["correct"]
+
+
+def test_airspace_answer_shape():
+    task = get_task("airspace", max_notices=20)
+    for seed in range(100):
+        ex = task.generate(seed, "train")
+        zones = json.loads(ex.answer)
+        assert ex.answer == json.dumps(zones, separators=(",", ":"), ensure_ascii=False)
+        assert [z["id"] for z in zones] == sorted(z["id"] for z in zones)
+        for z in zones:
+            assert list(z) == ["id", "location", "radius_km", "start", "end"]
+            assert z["radius_km"] == round(z["radius_km"], 1) and 0 < z["radius_km"] <= 8.0
+            assert z["start"] < z["end"] and len(z["start"]) == len(z["end"]) == 5
+        n_lines = len(ex.prompt.splitlines()) - 1
+        assert 1 <= n_lines <= 20 and n_lines == ex.meta["n_notices"]
+
+
+def test_airspace_notice_count_options():
+    assert max(AirspaceTask().generate(s, "train").meta["n_notices"] for s in range(200)) <= 6
+    big = AirspaceTask(min_notices=20, max_notices=20)
+    assert big.generate(0, "train").meta["n_notices"] == 20
+    with pytest.raises(ValueError):
+        AirspaceTask(max_notices=21)
+
+
+def test_airspace_cancel_and_amend_apply():
+    task = get_task("airspace", min_notices=6, max_notices=6)
+    seen_cancel = seen_amend = False
+    for seed in range(200):
+        ex = task.generate(seed, "train")
+        ids = {z["id"] for z in ex.meta["zones"]}
+        for line in ex.prompt.splitlines()[1:]:
+            zone_id = line.split()[1].rstrip(":")
+            if "CANCELLED" in line:
+                seen_cancel = True
+                assert zone_id not in ids
+            if "AMENDED: radius now" in line and zone_id in ids:
+                seen_amend = True
+                zone = next(z for z in ex.meta["zones"] if z["id"] == zone_id)
+                assert zone["radius_km"] == _radius_km(line)
+    assert seen_cancel and seen_amend
+
+
+def test_airspace_nautical_miles_rounding():
+    task = AirspaceTask(min_notices=1, max_notices=1, nautical_miles=True)
+    checked = 0
+    for seed in range(300):
+        ex = task.generate(seed, "train")
+        if " NM" in ex.prompt:
+            assert ex.meta["zones"][0]["radius_km"] == _radius_km(ex.prompt)
+            checked += 1
+    assert checked > 20
+
+
+def test_joint_answer_format():
+    task = get_task("joint")
+    counts = set()
+    for seed in range(200):
+        ex = task.generate(seed, "train")
+        items = ex.answer.split()
+        counts.add(len(items))
+        assert [i.split(":")[0] for i in items] == [str(k) for k in range(1, len(items) + 1)]
+        assert all(i.split(":")[1] in ("yes", "no") for i in items)
+        assert f"{len(items)}. Is " in ex.prompt and f"{len(items) + 1}. Is " not in ex.prompt
+    assert counts == set(range(2, 9))
+
+
+def test_record_answer_mentions_every_field():
+    ex = get_task("record").generate(3, "train")
+    for value in ex.meta["fields"].values():
+        assert value in ex.answer and f"={value}" in ex.prompt
