@@ -1,0 +1,54 @@
+"""Export a trained model as a Clover checkpoint directory (SPEC §9): weights + config through the
+model's own `save_pretrained`, plus `generation_config.json` and the tokenizer files."""
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+# SPEC §2 generation defaults; eos/pad/block_size and a context-sized max_new_tokens are added
+GENERATION_DEFAULTS = {
+    "max_new_tokens": 24576, "block_size": 32, "threshold": 0.95, "do_sample": False,
+    "temperature": 1.0, "top_k": 0, "top_p": 1.0, "presence_penalty": 0.9,
+    "frequency_penalty": 0.0, "repetition_penalty": 1.05, "dllm_length_penalty": 10.0,
+    "dllm_length_penalty_start": 8192, "dllm_length_penalty_window": 8192,
+    "dllm_think_end_bias": 10.0, "dllm_think_end_start": 4096, "dllm_think_end_window": 4096,
+}
+
+
+def generation_config(config, eos_ids: tuple[int, ...], pad_id: int, block_size: int) -> dict:
+    """The defaults, with EOS/pad ids, the trained block size, and max_new_tokens capped at half
+    the context so a default request fits a small model's context window."""
+    return {**GENERATION_DEFAULTS, "block_size": block_size, "eos_token_id": list(eos_ids),
+            "pad_token_id": pad_id,
+            "max_new_tokens": min(GENERATION_DEFAULTS["max_new_tokens"], config.max_position_embeddings // 2)}
+
+
+def write_generation_config(directory: Path, values: dict) -> None:
+    """Merge `values` into an existing generation_config.json (the model may write one)."""
+    path = directory / "generation_config.json"
+    current = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    path.write_text(json.dumps({**current, **values}, indent=2) + "\n", encoding="utf-8")
+
+
+def export_checkpoint(model, directory: str | Path, eos_ids: tuple[int, ...], pad_id: int,
+                      block_size: int, tokenizer=None, dtype: str = "fp32",
+                      generation: dict | None = None) -> Path:
+    """Write the checkpoint; `dtype="bf16"` stores bf16 weights (the live model is left as it is);
+    `generation` overrides generation_config.json values."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.eos_token_id = list(eos_ids)
+    model.config.pad_token_id = pad_id
+    if dtype == "bf16":  # a copy, so the live fp32 weights are not rounded
+        copy.deepcopy(model).to(torch.bfloat16).save_pretrained(directory)
+    else:
+        model.save_pretrained(directory)
+    values = {**generation_config(model.config, eos_ids, pad_id, block_size), **(generation or {})}
+    write_generation_config(directory, values)
+    if tokenizer is not None:
+        from clover.data.tokenizer import save_tokenizer
+
+        save_tokenizer(tokenizer, directory)
+    return directory

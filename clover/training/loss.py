@@ -1,0 +1,95 @@
+"""The joint objective L = L_AR + α·L_diff (SPEC §8), computed through the inference code path.
+
+Both streams come from the forward calls that decoding makes, on one cache whose tensors keep
+their autograd graph, so the noisy-stream logits are the block-mode logits inference would see
+given the clean prefix (C7 by construction):
+
+    forward 0:   [prompt, noisy block 0], block_len=B   (prefill + first denoise, fused)
+    forward b:   [clean block b-1, noisy block b], block_len=B   (commit + denoise, fused)
+    final:       [clean last block], causal   (its commit, for the last L_AR terms)
+
+Causal logits at a token predict the next one (L_AR); block logits at a position predict the
+token there (L_diff). Loss only on response targets (EOS padding included).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .data import Batch
+from .noising import BlockNoise
+
+
+@dataclass(frozen=True)
+class StreamLogits:
+    ar: torch.Tensor  # [N, R, V]: causal logits predicting response token j (clean stream)
+    diff: torch.Tensor  # [N, R, V]: block-mode logits at response position j (noisy stream)
+
+
+@dataclass(frozen=True)
+class LossResult:
+    total: torch.Tensor  # scalar, l_ar + alpha * l_diff
+    l_ar: torch.Tensor  # scalar, mean next-token CE over response targets
+    l_diff: torch.Tensor  # scalar, Σ masked CE / t_b over the number of response targets
+    num_targets: int  # response tokens with loss (EOS padding included)
+    num_masked: int  # of those, masked in the noisy stream
+
+
+def stream_logits(model, batch: Batch, noisy_response: torch.Tensor, block_size: int,
+                  use_coreset: bool | None = None) -> StreamLogits:
+    """Run the fused forward loop. `model` is a `CloverMoeForCausalLM` (not a DDP wrapper);
+    `noisy_response` [N, R] is the response with masked positions set to `<|mask|>`."""
+    prompt, response = batch.prompt_ids, batch.response_ids
+    n, r = response.shape
+    b = block_size
+    if r == 0 or r % b:
+        raise ValueError(f"response length {r} must be a positive multiple of block_size={b}")
+    mask = torch.cat((batch.prompt_mask, batch.prompt_mask.new_ones(n, r)), dim=1)  # [N, P + R]
+    p = prompt.shape[1]
+    cache = model.new_cache()
+
+    def run(ids, block_len, keep=0):
+        length = cache.get_seq_length() + ids.shape[1]
+        return model(ids, attention_mask=mask[:, :length], past_key_values=cache, block_len=block_len,
+                     logits_to_keep=keep, use_coreset=use_coreset).logits
+
+    logits = run(torch.cat((prompt, noisy_response[:, :b]), dim=1), b, keep=b + 1)
+    ar, diff = [logits[:, :1]], [logits[:, 1:]]
+    for start in range(b, r, b):
+        clean_prev, noisy = response[:, start - b:start], noisy_response[:, start:start + b]
+        logits = run(torch.cat((clean_prev, noisy), dim=1), b)
+        ar.append(logits[:, :b])
+        diff.append(logits[:, b:])
+    ar.append(run(response[:, r - b:], 0)[:, :-1])
+    assert cache.get_seq_length() == p + r
+    return StreamLogits(torch.cat(ar, dim=1), torch.cat(diff, dim=1))
+
+
+def joint_loss(logits: StreamLogits, batch: Batch, noise: BlockNoise, block_size: int,
+               alpha: float) -> LossResult:
+    targets = batch.response_ids
+    weight = batch.target_mask.float()
+    count = weight.sum().clamp(min=1.0)
+    ce_ar = F.cross_entropy(logits.ar.flatten(0, 1).float(), targets.flatten(), reduction="none")
+    ce_diff = F.cross_entropy(logits.diff.flatten(0, 1).float(), targets.flatten(), reduction="none")
+    masked = noise.masked.to(weight.device).float() * weight
+    inv_t = 1.0 / noise.per_token_levels(block_size).to(weight.device)
+    l_ar = (ce_ar.view_as(weight) * weight).sum() / count
+    l_diff = (ce_diff.view_as(weight) * masked * inv_t).sum() / count
+    return LossResult(l_ar + alpha * l_diff, l_ar, l_diff, int(batch.target_mask.sum()),
+                      int(masked.sum()))
+
+
+class JointLoss(nn.Module):
+    """The whole objective as one module, so a DDP wrapper sees one forward per backward."""
+
+    def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None):
+        super().__init__()
+        self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
+
+    def forward(self, batch: Batch, noise: BlockNoise) -> LossResult:
+        noisy = noise.apply(batch.response_ids, self.model.config.mask_token_id)
+        logits = stream_logits(self.model, batch, noisy, self.block_size, self.use_coreset)
+        return joint_loss(logits, batch, noise, self.block_size, self.alpha)

@@ -1,0 +1,56 @@
+"""Per-block masking noise for the noisy stream (SPEC §8).
+
+Each block b of a row's response gets its own level t_b ~ U(eps, 1); each target token of the
+block is masked with probability t_b, and at least one per block is masked. Blocks without any
+target (past the end of a shorter row's response) get no mask and t_b = 1.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class BlockNoise:
+    levels: torch.Tensor  # [N, num_blocks] t_b in [eps, 1)
+    masked: torch.Tensor  # [N, R] bool, True where the noisy stream shows <|mask|>
+
+    def per_token_levels(self, block_size: int) -> torch.Tensor:
+        """t_b broadcast to every position of its block -> [N, R]."""
+        return self.levels.repeat_interleave(block_size, dim=1)
+
+    def apply(self, response_ids: torch.Tensor, mask_token_id: int) -> torch.Tensor:
+        """The noisy response: masked positions replaced by `mask_token_id`."""
+        return response_ids.masked_fill(self.masked.to(response_ids.device), mask_token_id)
+
+    def to(self, device) -> "BlockNoise":
+        return BlockNoise(self.levels.to(device), self.masked.to(device))
+
+
+def noise_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
+    """A CPU generator that depends only on (seed, step, rank): noise needs no saved RNG state,
+    so a resumed run draws exactly the noise the uninterrupted run would have drawn."""
+    gen = torch.Generator()
+    gen.manual_seed(((seed * 1_000_003 + step) * 8_191 + rank) % (2 ** 63))
+    return gen
+
+
+def sample_block_noise(target_mask: torch.Tensor, block_size: int, eps: float,
+                       generator: torch.Generator) -> BlockNoise:
+    """target_mask [N, R] (bool, R a multiple of block_size) -> a `BlockNoise` drawn on the CPU."""
+    if not 0.0 < eps < 1.0:
+        raise ValueError(f"eps={eps} must be in (0, 1)")
+    n, r = target_mask.shape
+    if r % block_size:
+        raise ValueError(f"response length {r} is not a multiple of block_size={block_size}")
+    targets = target_mask.cpu().view(n, r // block_size, block_size)  # [N, nb, B]
+    levels = eps + (1.0 - eps) * torch.rand(n, r // block_size, generator=generator)
+    draws = torch.rand(targets.shape, generator=generator)
+    masked = (draws < levels[..., None]) & targets
+    # at least one masked token per block with targets: force the target with the smallest draw
+    forced = draws.masked_fill(~targets, 2.0).argmin(-1, keepdim=True)
+    force = torch.zeros_like(masked).scatter(-1, forced, True) & targets
+    needs_one = ~masked.any(-1, keepdim=True)
+    masked = masked | (force & needs_one)
+    levels = torch.where(targets.any(-1), levels, torch.ones_like(levels))
+    return BlockNoise(levels, masked.view(n, r))

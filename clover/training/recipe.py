@@ -1,0 +1,144 @@
+"""A training recipe: one JSON (or YAML) file that says what to train, on what, and how.
+
+    {
+      "name": "embedded",
+      "output_dir": "runs/embedded",
+      "device": "cpu", "num_threads": 2,
+      "model": {"config": {<CloverMoeConfig fields>}} | {"init": "path/to/clover-checkpoint"},
+      "tokenizer": {"train": true, "vocab_size": 3000, "n_examples": 3000, "seed": 0} | {"path": "dir"},
+      "data": {"source": "tasks", "tasks": ["airspace", "joint", "record"], "n_train": 20000,
+               "seed": 0, "n_eval_per_task": 16, ...},
+      "train": {<TrainConfig fields: steps, batch_size, block_size, alpha, eps, lr, ...>},
+      "generation": {<generation_config.json overrides, e.g. "presence_penalty": 0.0>}
+    }
+
+Unknown keys are errors (naming the key), so a typo never silently falls back to a default.
+With `model.init` the tokenizer defaults to the one saved in the init checkpoint.
+"""
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .trainer import TrainConfig
+
+SOURCES = ("tasks", "digits")
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    config: dict[str, Any] = field(default_factory=dict)  # fresh model: CloverMoeConfig fields
+    init: str | None = None  # or start from this Clover checkpoint
+
+    def __post_init__(self):
+        if not self.config and self.init is None:
+            raise ValueError("recipe.model needs `config` (a fresh model) or `init` (a checkpoint)")
+
+
+@dataclass(frozen=True)
+class TokenizerRecipe:
+    path: str | None = None  # load this tokenizer folder
+    train: bool = False  # or train a byte-level BPE on the task mixture
+    vocab_size: int = 3000
+    n_examples: int = 3000
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DataRecipe:
+    source: str = "tasks"  # "tasks" (clover.data) or "digits" (built-in copy/reverse, no tokenizer)
+    tasks: tuple[str, ...] = ()  # empty: every registered task
+    task_options: dict[str, dict] = field(default_factory=dict)
+    n_train: int = 20000  # training examples (visited in a new order each epoch)
+    seed: int = 0
+    n_eval_per_task: int = 16  # held-out examples per task (digits: in total)
+    eval_batch_size: int = 16
+    eval_generate: bool = True  # task accuracy via model.generate when the model has it
+    eval_max_new_tokens: int = 256
+    enable_thinking: bool = False
+    max_prompt_len: int | None = None  # drop training/eval examples with longer prompts
+    max_response_len: int | None = None  # ... or longer responses (EOS included, before block padding)
+    group_by_length: bool = True  # batch examples of similar length together (less padding)
+    digits: dict[str, Any] = field(default_factory=dict)  # DigitTask options (min_len, max_len, ops)
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise ValueError(f"recipe.data.source={self.source!r} must be one of {SOURCES}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    model: ModelRecipe
+    train: TrainConfig
+    tokenizer: TokenizerRecipe = TokenizerRecipe()
+    data: DataRecipe = DataRecipe()
+    name: str = "clover"
+    description: str = ""
+    output_dir: str = "runs/clover"
+    device: str = "cpu"
+    num_threads: int | None = None  # torch intra-op threads (None: torch's default)
+    export_dtype: str = "fp32"  # weights of the exported checkpoint: "fp32" or "bf16"
+    # generation_config.json overrides of the export, also used by the task-accuracy eval
+    generation: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.export_dtype not in ("fp32", "bf16"):
+            raise ValueError(f"recipe.export_dtype={self.export_dtype!r} must be 'fp32' or 'bf16'")
+
+    def with_overrides(self, init: str | None = None, output_dir: str | None = None) -> "Recipe":
+        recipe = self
+        if init is not None:
+            recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, init=init))
+        if output_dir is not None:
+            recipe = dataclasses.replace(recipe, output_dir=output_dir)
+        return recipe
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _section(cls, data: Any, where: str):
+    """Build dataclass `cls` from a mapping, refusing unknown keys; lists become tuples where the
+    field is a tuple."""
+    if not isinstance(data, dict):
+        raise ValueError(f"recipe.{where} must be a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"recipe.{where}: unknown key(s) {unknown}; allowed: {sorted(fields)}")
+    values = {k: tuple(v) if isinstance(v, list) and "tuple" in str(fields[k].type) else v
+              for k, v in data.items()}
+    try:
+        return cls(**values)
+    except TypeError as e:
+        raise ValueError(f"recipe.{where}: {e}") from None
+
+
+def recipe_from_dict(data: dict) -> Recipe:
+    sections = {"model": ModelRecipe, "train": TrainConfig, "tokenizer": TokenizerRecipe,
+                "data": DataRecipe}
+    for required in ("model", "train"):
+        if required not in data:
+            raise ValueError(f"recipe needs a `{required}` section")
+    built = {k: _section(cls, data[k], k) for k, cls in sections.items() if k in data}
+    rest = {k: v for k, v in data.items() if k not in sections}
+    return _section(Recipe, {**rest, **built}, "<top level>")
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read a recipe from `.json`, `.yaml` or `.yml`."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    return recipe_from_dict(data)
+
+
+def save_recipe(recipe: Recipe, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(recipe.to_dict(), indent=2) + "\n", encoding="utf-8")

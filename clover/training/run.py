@@ -1,0 +1,156 @@
+"""`run_recipe`: recipe -> tokenizer, model, data, evaluation -> trained, exported checkpoint.
+
+Run directory (`recipe.output_dir`): `recipe.json` (the resolved recipe), `tokenizer/` (when one
+is trained), `train.log`, `metrics.jsonl`, `checkpoints/step-*.pt` (resumable), and `final/`
+(the exported Clover checkpoint). Works alone or under torchrun; rank 0 writes everything.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .data import BatchSpec, PairDataset
+from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
+from .evaluation import combine, loss_evaluator, task_evaluator
+from .export import export_checkpoint
+from .recipe import Recipe, save_recipe
+from .sources import (DIGIT_ROLES, DigitTask, TokenRoles, build_tasks, encode_examples,
+                      task_eval_examples, task_train_pairs, tokenizer_roles)
+from .trainer import Trainer, TrainSummary
+
+
+@dataclass(frozen=True)
+class RunResult:
+    summary: TrainSummary
+    run_dir: Path
+    export_dir: Path | None  # None on ranks other than 0
+    model: torch.nn.Module  # the trained model (every rank holds the same weights)
+
+
+def prepare_tokenizer(recipe: Recipe, run_dir: Path, dist: DistInfo):
+    """The tokenizer the recipe asks for (None for the digits source). A trained one is saved in
+    the run dir by rank 0 and reused on resume."""
+    from clover.data.tokenizer import load_tokenizer
+
+    spec = recipe.tokenizer
+    if recipe.data.source == "digits":
+        return None
+    if spec.path or recipe.model.init:
+        return load_tokenizer(spec.path or recipe.model.init)
+    if not spec.train:
+        raise ValueError("recipe.tokenizer needs `path` or `train: true` (or model.init with a tokenizer)")
+    saved = run_dir / "tokenizer"
+    if dist.is_main and not (saved / "tokenizer.json").exists():
+        from clover.data.corpus import tokenizer_corpus, training_examples
+        from clover.data.tokenizer import save_tokenizer, train_tokenizer
+
+        tasks = build_tasks(recipe.data.tasks, recipe.data.task_options)
+        texts = tokenizer_corpus(training_examples(spec.n_examples, spec.seed, tasks))
+        save_tokenizer(train_tokenizer(texts, spec.vocab_size), saved)
+    barrier(dist)
+    return load_tokenizer(saved)
+
+
+def load_init_model(path: str):
+    """A Clover checkpoint to post-train, in fp32."""
+    from clover.model import CloverMoeForCausalLM
+
+    return CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def fresh_model(recipe: Recipe, roles: TokenRoles, vocab_size: int | None):
+    """A new model from `recipe.model.config`; special ids (and the vocabulary size, unless the
+    recipe sets a larger one) come from the tokenizer."""
+    from clover.model import CloverMoeConfig, CloverMoeForCausalLM
+
+    fields = dict(recipe.model.config)
+    if vocab_size is not None:
+        if fields.get("vocab_size", vocab_size) < vocab_size:
+            raise ValueError(f"recipe.model.config.vocab_size={fields['vocab_size']} is smaller than "
+                             f"the tokenizer ({vocab_size} tokens)")
+        fields.setdefault("vocab_size", vocab_size)
+    fields.update(mask_token_id=roles.mask_id, eos_token_id=roles.eos_id, pad_token_id=roles.pad_id,
+                  block_size=recipe.train.block_size)
+    torch.manual_seed(recipe.train.seed)
+    return CloverMoeForCausalLM(CloverMoeConfig(**fields))
+
+
+def build_model(recipe: Recipe, tokenizer):
+    """(model, token roles): the `init` checkpoint (its mask id wins) or a fresh model."""
+    if recipe.model.init:
+        model = load_init_model(recipe.model.init)
+        mask_id = model.config.mask_token_id
+        if tokenizer is None:
+            return model, dataclasses.replace(DIGIT_ROLES, mask_id=mask_id)
+        return model, tokenizer_roles(tokenizer, mask_id=mask_id)
+    roles = DIGIT_ROLES if tokenizer is None else tokenizer_roles(tokenizer)
+    return fresh_model(recipe, roles, None if tokenizer is None else len(tokenizer)), roles
+
+
+def build_data(recipe: Recipe, tokenizer, roles: TokenRoles, model):
+    """(training dataset, eval callback)."""
+    data, cfg = recipe.data, recipe.train
+    spec = BatchSpec(cfg.block_size, roles.eos_id, roles.pad_id, roles.eos_ids)
+    if data.source == "digits":
+        task = DigitTask(seed=data.seed, **data.digits)
+        dataset = PairDataset(task, spec, cfg.batch_size, cfg.seed)
+        held_out = DigitTask(seed=data.seed + 1, **data.digits).pairs(0, data.n_eval_per_task)
+        return dataset, loss_evaluator(held_out, spec, cfg.alpha, cfg.eps, data.eval_batch_size,
+                                       cfg.use_coreset)
+    tasks = build_tasks(data.tasks, data.task_options)
+    pairs = task_train_pairs(tokenizer, tasks, data.n_train, data.seed, data.enable_thinking)
+    pairs = [p for p in pairs if _fits(p, data)]
+    dataset = PairDataset(pairs, spec, cfg.batch_size, cfg.seed, group_by_length=data.group_by_length)
+    examples = task_eval_examples(tasks, data.n_eval_per_task, data.seed)
+    encoded = encode_examples(tokenizer, examples, data.enable_thinking)
+    kept = [(e, p) for e, p in zip(examples, encoded) if _fits(p, data)]
+    if not kept:
+        raise ValueError("every eval example exceeds recipe.data.max_prompt_len / max_response_len")
+    examples, held_out = [e for e, _ in kept], [p for _, p in kept]
+    evaluators = [loss_evaluator(held_out, spec, cfg.alpha, cfg.eps, data.eval_batch_size, cfg.use_coreset)]
+    if data.eval_generate and callable(getattr(model, "generate", None)):
+        evaluators.append(task_evaluator(tokenizer, examples, tasks, cfg.block_size,
+                                         data.eval_max_new_tokens, data.eval_batch_size,
+                                         data.enable_thinking, recipe.generation))
+    return dataset, combine(*evaluators)
+
+
+def _fits(pair, data) -> bool:
+    return ((data.max_prompt_len is None or len(pair.prompt_ids) <= data.max_prompt_len)
+            and (data.max_response_len is None or len(pair.response_ids) <= data.max_response_len))
+
+
+def run_recipe(recipe: Recipe, resume: bool = False, max_steps: int | None = None,
+               max_minutes: float | None = None, progress: bool = True) -> RunResult:
+    dist = init_distributed(recipe.device)
+    try:
+        return _run(recipe, dist, resume, max_steps, max_minutes, progress)
+    finally:
+        shutdown(dist)
+
+
+def _run(recipe, dist, resume, max_steps, max_minutes, progress) -> RunResult:
+    if recipe.num_threads:
+        torch.set_num_threads(recipe.num_threads)
+    run_dir = Path(recipe.output_dir)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_recipe(recipe, run_dir / "recipe.json")
+    tokenizer = prepare_tokenizer(recipe, run_dir, dist)
+    model, roles = build_model(recipe, tokenizer)
+    model.to(device_for(dist, recipe.device))
+    dataset, eval_fn = build_data(recipe, tokenizer, roles, model)
+    trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress)
+    if resume and not trainer.resume():
+        trainer.log("resume requested but no checkpoint found: starting from step 0")
+    summary = trainer.train(max_steps=max_steps, max_minutes=max_minutes)
+    export_dir = None
+    if dist.is_main:
+        export_dir = export_checkpoint(model, run_dir / "final", roles.eos_ids, roles.pad_id,
+                                       recipe.train.block_size, tokenizer, recipe.export_dtype,
+                                       recipe.generation)
+        trainer.log(f"exported step {summary.step} to {export_dir}")
+    barrier(dist)
+    return RunResult(summary, run_dir, export_dir, model)

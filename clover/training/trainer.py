@@ -1,0 +1,237 @@
+"""The training loop: AdamW + warm-up/cosine, clipping, bf16 autocast, evaluation, exact resume.
+
+Contract: the trainer owns the optimizer, the scheduler and the run directory; the caller owns
+the model (already on its device) and the dataset. Step `s` always trains on global batch `s`
+with noise seeded by (seed, s, rank), so a run resumed from a checkpoint continues exactly as the
+uninterrupted run would have. Only rank 0 writes files.
+"""
+
+import json
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import checkpointing as ckpt
+from .data import PairDataset
+from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag, wrap_ddp
+from .loss import JointLoss
+from .noising import noise_generator, sample_block_noise
+from .optim import build_optimizer, build_scheduler
+
+EvalFn = Callable[[torch.nn.Module, int], dict[str, float]]
+DTYPES = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int  # total optimizer steps; the LR schedule spans them
+    batch_size: int  # global batch (examples per step, over all ranks)
+    block_size: int
+    alpha: float = 1.0  # weight of L_diff
+    eps: float = 1e-3  # lower bound of the per-block noise level
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 0
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    dtype: str = "fp32"  # "fp32", or "bf16" autocast over fp32 master weights
+    seed: int = 0
+    use_coreset: bool | None = None  # block-mode coreset in training (None: the model config's)
+    eval_interval: int = 0  # 0: evaluate only at the end
+    save_interval: int = 0  # 0: checkpoint only when stopping
+    log_interval: int = 10
+    keep_checkpoints: int = 2
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} must be one of {DTYPES}")
+        for name in ("steps", "batch_size", "block_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be positive")
+
+
+@dataclass(frozen=True)
+class StepStats:
+    step: int  # steps done after this one
+    loss: float  # means over ranks
+    l_ar: float
+    l_diff: float
+    lr: float
+    grad_norm: float
+    tokens: int  # clean-sequence tokens over all ranks
+    targets: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    step: int
+    reason: str  # "done", "max_steps" or "max_minutes"
+    last: StepStats | None
+    tokens: int  # tokens trained on in this invocation (all ranks)
+    seconds: float  # wall time of those steps
+    checkpoint: Path | None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, config: TrainConfig, dataset: PairDataset,
+                 run_dir: str | Path | None = None, eval_fn: EvalFn | None = None,
+                 dist: DistInfo = DistInfo(), progress: bool = True):
+        self.model, self.config, self.dataset, self.dist = model, config, dataset, dist
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.eval_fn, self.progress = eval_fn, progress
+        self.device = next(model.parameters()).device
+        self.engine = wrap_ddp(JointLoss(model, config.block_size, config.alpha, config.use_coreset), dist)
+        self.optimizer = build_optimizer(model, config.lr, config.weight_decay, config.betas)
+        self.scheduler = build_scheduler(self.optimizer, config.warmup_steps, config.steps,
+                                         config.min_lr_ratio)
+        self.step = 0
+        self.tokens_seen = 0
+        if self.run_dir is not None and dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def _autocast(self):
+        if self.config.dtype == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def train_step(self) -> StepStats:
+        cfg, rank = self.config, self.dist.rank
+        start = time.perf_counter()
+        batch = self.dataset.batch(self.step, rank, self.dist.world_size)
+        noise = sample_block_noise(batch.target_mask, cfg.block_size, cfg.eps,
+                                   noise_generator(cfg.seed, self.step, rank))
+        batch, noise = batch.to(self.device), noise.to(self.device)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._autocast():
+            result = self.engine(batch, noise)
+        result.total.backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        world = self.dist.world_size
+        loss, l_ar, l_diff, tokens, targets = all_reduce_sum(
+            [result.total.item(), result.l_ar.item(), result.l_diff.item(), batch.num_tokens,
+             result.num_targets], self.dist)
+        self.tokens_seen += int(tokens)
+        return StepStats(self.step, loss / world, l_ar / world, l_diff / world, lr, float(grad_norm),
+                         int(tokens), int(targets), time.perf_counter() - start)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def train(self, max_steps: int | None = None, max_minutes: float | None = None) -> TrainSummary:
+        """Train until `config.steps`, or `max_steps` more steps, or `max_minutes` of wall time;
+        then checkpoint (when there is a run dir) and evaluate."""
+        cfg = self.config
+        stop_at = cfg.steps if max_steps is None else min(cfg.steps, self.step + max_steps)
+        deadline = None if max_minutes is None else time.monotonic() + 60.0 * max_minutes
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not (self.progress and self.dist.is_main),
+                   dynamic_ncols=True, desc="train")
+        self.log(f"start step={self.step} stop_at={stop_at} world={self.dist.world_size}")
+        tokens = seconds = 0
+        last, reason = None, "done"
+        while self.step < stop_at:
+            last = self.train_step()
+            tokens, seconds = tokens + last.tokens, seconds + last.seconds
+            bar.update(1)
+            bar.set_postfix(loss=f"{last.loss:.3f}", ar=f"{last.l_ar:.3f}", diff=f"{last.l_diff:.3f}",
+                            tok_s=f"{tokens / seconds:.0f}")
+            if cfg.log_interval and (self.step % cfg.log_interval == 0 or self.step == stop_at):
+                self._log_metrics({**asdict(last), "tokens_per_second": tokens / seconds})
+            if cfg.save_interval and self.step % cfg.save_interval == 0 and self.step < stop_at:
+                self.save()
+            if cfg.eval_interval and self.step % cfg.eval_interval == 0 and self.step < stop_at:
+                self.evaluate()
+            out_of_time = deadline is not None and time.monotonic() > deadline
+            if self.step < stop_at and broadcast_flag(out_of_time, self.dist):
+                reason = "max_minutes"
+                break
+        bar.close()
+        if reason == "done" and self.step < cfg.steps:
+            reason = "max_steps"
+        path = self.save() if self.run_dir is not None else None
+        self.evaluate()
+        summary = TrainSummary(self.step, reason, last, tokens, seconds, path)
+        self.log(f"stop step={self.step} reason={reason} tokens={tokens} "
+                 f"tokens_per_second={summary.tokens_per_second:.1f}")
+        return summary
+
+    def evaluate(self) -> dict[str, float]:
+        """Run the eval callback on rank 0 (no grad, eval mode) and log its metrics."""
+        metrics: dict[str, float] = {}
+        if self.eval_fn is not None and self.dist.is_main:
+            self.model.eval()
+            with torch.no_grad(), self._autocast():
+                metrics = self.eval_fn(self.model, self.step)
+            self.model.train()
+            self._log_metrics({"step": self.step, **{f"eval/{k}": v for k, v in metrics.items()}})
+        barrier(self.dist)
+        return metrics
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "rng": ckpt.capture_rng(),
+                "step": self.step, "data_position": self.step * self.dataset.batch_size,
+                "tokens_seen": self.tokens_seen, "config": asdict(self.config)}
+
+    def save(self) -> Path | None:
+        """Checkpoint the run (rank 0 writes; every rank waits for it)."""
+        path = None
+        if self.dist.is_main and self.run_dir is not None:
+            path = ckpt.save_checkpoint(self.run_dir, self.step, self.state(), self.config.keep_checkpoints)
+            self.log(f"checkpoint {path}")
+        barrier(self.dist)
+        return path
+
+    def load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        ckpt.restore_rng(state["rng"])
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+
+    def resume(self, path: str | Path | None = None) -> bool:
+        """Load `path` or the run dir's latest checkpoint; False when there is none."""
+        path = path or (ckpt.latest_checkpoint(self.run_dir) if self.run_dir else None)
+        if path is None:
+            return False
+        state = ckpt.load_checkpoint(path)
+        changed = sorted(k for k, v in asdict(self.config).items() if state["config"].get(k) != v)
+        if changed:  # allowed (e.g. a longer run), but the resumed run is then a different run
+            self.log(f"warning: config differs from the checkpoint's in {changed}")
+        self.load_state(state)
+        self.log(f"resumed from {path} at step {self.step}")
+        return True
+
+    # -- logs -----------------------------------------------------------------------------------
+
+    def log(self, message: str) -> None:
+        if self.dist.is_main and self.run_dir is not None:
+            with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+
+    def _log_metrics(self, metrics: dict) -> None:
+        if self.dist.is_main and self.run_dir is not None:
+            line = json.dumps(metrics, default=float)
+            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+            self.log(line)

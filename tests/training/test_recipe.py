@@ -1,0 +1,53 @@
+"""Recipes: strict parsing, YAML, overrides; the shipped recipes parse and build a model."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clover.training.recipe import load_recipe, recipe_from_dict
+from clover.training.trainer import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+MINIMAL = {"model": {"config": {"hidden_size": 32}}, "train": {"steps": 2, "batch_size": 2, "block_size": 4}}
+
+
+def test_minimal_recipe_and_defaults():
+    recipe = recipe_from_dict(MINIMAL)
+    assert recipe.train == TrainConfig(steps=2, batch_size=2, block_size=4)
+    assert recipe.data.source == "tasks" and recipe.model.init is None
+    moved = recipe.with_overrides(init="ckpt", output_dir="out")
+    assert moved.model.init == "ckpt" and moved.output_dir == "out" and recipe.output_dir != "out"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"train": {"steps": 2, "batch_size": 2, "block_size": 4, "lr_max": 1}},
+     r"recipe.train: unknown key\(s\) \['lr_max'\]"),
+    ({"colour": "red"}, r"unknown key\(s\) \['colour'\]"),
+    ({"model": {}}, "needs `config`"),
+    ({"data": {"source": "web"}}, "source='web'"),
+    ({"train": {"steps": 2, "batch_size": 2, "block_size": 4, "dtype": "fp8"}}, "dtype='fp8'"),
+])
+def test_bad_recipes_name_the_problem(change, message):
+    with pytest.raises(ValueError, match=message):
+        recipe_from_dict({**MINIMAL, **change})
+
+
+def test_yaml_and_json_load_the_same(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    data = {**MINIMAL, "train": {**MINIMAL["train"], "betas": [0.9, 0.99]}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    assert load_recipe(tmp_path / "r.yaml") == load_recipe(tmp_path / "r.json")
+    assert load_recipe(tmp_path / "r.json").train.betas == (0.9, 0.99)
+
+
+def test_embedded_recipe_builds_a_small_model():
+    from clover.model import CloverMoeConfig, CloverMoeForCausalLM
+
+    recipe = load_recipe(ROOT / "recipes" / "embedded.json")
+    config = CloverMoeConfig(**{**recipe.model.config, "vocab_size": 3000, "mask_token_id": 7,
+                                "block_size": recipe.train.block_size})
+    assert config.layer_types.count("full_attention") * 4 == config.num_hidden_layers
+    params = sum(p.numel() for p in CloverMoeForCausalLM(config).parameters())
+    assert params * 4 <= 20e6  # fp32 bytes, even with a 3000-token vocabulary
