@@ -2,7 +2,9 @@
 `transformers`, so that a saved checkpoint can carry them for `trust_remote_code=True`."""
 
 from .cache import CloverCache
+from .checkpoint_load import CheckpointError
 from .configuration_clover_moe import CloverMoeConfig
 from .modeling_clover_moe import CloverMoeForCausalLM, CloverMoeModel, CloverOutput
 
-__all__ = ["CloverCache", "CloverMoeConfig", "CloverMoeForCausalLM", "CloverMoeModel", "CloverOutput"]
+__all__ = ["CheckpointError", "CloverCache", "CloverMoeConfig", "CloverMoeForCausalLM", "CloverMoeModel",
+           "CloverOutput"]

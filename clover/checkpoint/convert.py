@@ -1,0 +1,153 @@
+"""Convert a transformers Qwen3.5-MoE checkpoint into a Clover checkpoint (SPEC §8, §9).
+
+The backbone tensors are copied under their text-model names (a `model.language_model.` prefix is
+dropped; `mtp.*` and vision weights are left out), in the source's expert layout (per expert or
+fused), cast to the output dtype. Added: zero right-conv weights and the default softmax scalars
+(bd_gdn_* files), the Clover config fields, `generation_config.json` with the SPEC §2 defaults, the
+model code (for `trust_remote_code=True`), and the tokenizer files with `<|mask|>` at the mask id.
+
+Memory: every source tensor is shape-checked from the headers before any data is read, and the output
+is written one shard at a time (at most `max_shard_size` of tensors in memory). The output dir
+appears only when complete (written to a temporary sibling, then renamed).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers.utils import logging
+
+from clover.model import CloverMoeConfig, CloverMoeForCausalLM
+from clover.model.checkpoint_load import (CheckpointIndex, TensorRef, checkpoint_dtype, index_checkpoint,
+                                          params_on_meta, plan_sources, read_parameter)
+from clover.model.checkpoint_io import tied_parameters
+from clover.model.checkpoint_names import VOCAB_ROW_KEYS, block_file, is_block_attr, normalize_key
+from clover.model.checkpoint_save import (PendingTensor, atomic_directory, copy_model_code, write_block_files,
+                                          write_config, write_weights)
+
+from .generation_defaults import write_generation_config
+from .source import read_source_config
+from .tokenizer_files import copy_tokenizer, next_free_id
+
+logger = logging.get_logger(__name__)
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+          "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    mask_token_id: int | None = None  # None: see `choose_mask_id`
+    block_size: int = 32
+    dtype: str | torch.dtype | None = None  # None / "auto": the source's dtype
+    coreset: bool = True
+    coreset_top_p: float = 0.9
+    max_shard_size: int | str = "5GB"
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    path: Path
+    config: CloverMoeConfig
+    mask_row: str  # "reused" (given id, row kept), "unused_row" (row re-initialised) or "appended"
+    dtype: torch.dtype
+    tokenizer_files: list[str]
+
+
+def choose_mask_id(requested: int | None, vocab_size: int, tokenizer_free: int | None) -> tuple[int, str]:
+    """(mask id, how its embedding row is made). A requested id is reused as is; otherwise the
+    tokenizer's next free id when the embedding already has that (padding) row; otherwise a new row."""
+    if requested is not None:
+        if not 0 <= requested < vocab_size:
+            raise ValueError(f"mask_token_id={requested} is outside the source vocabulary [0, {vocab_size}); "
+                             "omit it to append a new token")
+        return requested, "reused"
+    if tokenizer_free is not None and tokenizer_free < vocab_size:
+        return tokenizer_free, "unused_row"
+    return vocab_size, "appended"
+
+
+def _with_mask_row(weight: torch.Tensor, mask_id: int, mask_row: str) -> torch.Tensor:
+    """weight [V, H] -> the mask row set to the mean of the rows before it (appended: [V+1, H])."""
+    if mask_row == "reused":
+        return weight
+    mean = weight[:mask_id].mean(0, dtype=torch.float32).to(weight.dtype)  # [H]
+    if mask_row == "appended":
+        return torch.cat((weight, mean[None]), dim=0)
+    weight = weight.clone()
+    weight[mask_id] = mean
+    return weight
+
+
+def _read(root: Path, ref: TensorRef, dtype: torch.dtype) -> torch.Tensor:
+    with safe_open(root / ref.file, framework="pt") as f:
+        return f.get_tensor(ref.key).to(dtype)
+
+
+def _backbone_tensors(ckpt: CheckpointIndex, sources: dict, expected: dict, dtype: torch.dtype,
+                      mask_id: int, mask_row: str) -> dict[str, PendingTensor]:
+    """Output key -> lazily read tensor, in model parameter order; experts keep the source layout."""
+    pending = {}
+    for name, parts in sources.items():
+        if block_file(name):
+            continue
+        for part in parts:
+            key = normalize_key(part.ref.key)
+            numel = torch.Size(part.ref.shape).numel()
+            if name in VOCAB_ROW_KEYS:
+                rows = expected[name][0] + (mask_row == "appended")
+                numel = rows * expected[name][1]
+                read = lambda ref=part.ref: _with_mask_row(_read(ckpt.root, ref, dtype), mask_id, mask_row)
+            else:
+                read = lambda ref=part.ref: _read(ckpt.root, ref, dtype)
+            pending[key] = PendingTensor(numel * dtype.itemsize, read)
+    return pending
+
+
+def _output_dtype(requested, ckpt: CheckpointIndex, declared: str | None) -> torch.dtype:
+    if requested in (None, "auto"):
+        return checkpoint_dtype(ckpt, declared)
+    if isinstance(requested, torch.dtype):
+        return requested
+    if requested not in DTYPES:
+        raise ValueError(f"dtype={requested!r} must be one of auto, {', '.join(DTYPES)}")
+    return DTYPES[requested]
+
+
+def convert_checkpoint(src: str | Path, dst: str | Path,
+                       options: ConvertOptions = ConvertOptions()) -> ConvertResult:
+    """Write the Clover checkpoint of `src` to `dst` (replacing it). Raises FileNotFoundError or
+    ValueError (CheckpointError for a missing or misshapen tensor) before writing anything."""
+    src = Path(src)
+    source = read_source_config(src)
+    ckpt = index_checkpoint(src)
+    dtype = _output_dtype(options.dtype, ckpt, source.dtype)
+    vocab = source.backbone["vocab_size"]
+    requested = source.mask_token_id if options.mask_token_id is None else options.mask_token_id
+    mask_id, mask_row = choose_mask_id(requested, vocab, next_free_id(src))
+    clover_fields = dict(vocab_size=vocab + (mask_row == "appended"), mask_token_id=mask_id,
+                         block_size=options.block_size, moe_block_coreset_enabled=options.coreset,
+                         moe_block_coreset_top_p=options.coreset_top_p)
+    config = CloverMoeConfig(**{**source.backbone, **source.token_ids, **clover_fields})
+    with params_on_meta(keep_real=is_block_attr):  # shapes and block defaults, no weights
+        model = CloverMoeForCausalLM(config)
+    tied = tied_parameters(model)
+    expected = {n: tuple(p.shape) for n, p in model.named_parameters() if n not in tied}
+    for name in VOCAB_ROW_KEYS:
+        if name in expected and mask_row == "appended":
+            expected[name] = (vocab, *expected[name][1:])
+    plan = plan_sources(ckpt, expected, tied)
+    if plan.unused:
+        logger.warning(f"convert leaves out {len(plan.unused)} tensors of {src}, e.g. {plan.unused[:5]}")
+    block = {name: read_parameter(src, parts, expected[name], dtype, torch.device("cpu"))
+             for name, parts in plan.sources.items() if block_file(name)}
+    block.update({name: model.get_parameter(name).detach().to(dtype) for name in plan.defaults})
+    with atomic_directory(dst) as tmp:
+        tokenizer_files = copy_tokenizer(src, tmp, mask_id)  # first: it may refuse the mask id
+        write_config(tmp, config, CloverMoeForCausalLM.__name__, dtype)
+        write_generation_config(tmp, config, source.token_ids, src)
+        write_weights(tmp, _backbone_tensors(ckpt, plan.sources, expected, dtype, mask_id, mask_row),
+                      options.max_shard_size)
+        write_block_files(tmp, block)
+        copy_model_code(tmp)
+    return ConvertResult(Path(dst), config, mask_row, dtype, tokenizer_files)

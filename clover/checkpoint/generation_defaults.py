@@ -1,0 +1,31 @@
+"""`generation_config.json` of a converted checkpoint: the SPEC §2 defaults plus the source's token ids."""
+
+import json
+from pathlib import Path
+
+from clover.model.generation_config import SPEC_DEFAULTS
+
+from .tokenizer_files import token_id
+
+THINK_TOKENS = {"think_start_token_id": "<think>", "think_end_token_id": "</think>"}
+
+
+def generation_settings(config, token_ids: dict, src: str | Path) -> dict:
+    """SPEC defaults with the config's block size and threshold, the source's eos/pad/bos ids (pad
+    falls back to the first eos) and the ids of `<think>` / `</think>` when the tokenizer has them."""
+    settings = {**SPEC_DEFAULTS, "block_size": config.block_size,
+                "threshold": config.denoising_config.get("threshold", SPEC_DEFAULTS["threshold"])}
+    settings.update(token_ids)
+    eos = settings.get("eos_token_id")
+    if settings.get("pad_token_id") is None and eos is not None:
+        settings["pad_token_id"] = eos[0] if isinstance(eos, list) else eos
+    for key, token in THINK_TOKENS.items():
+        found = token_id(src, token)
+        if found is not None:
+            settings[key] = found
+    return settings
+
+
+def write_generation_config(directory: Path, config, token_ids: dict, src: str | Path) -> None:
+    settings = generation_settings(config, token_ids, src)
+    (Path(directory) / "generation_config.json").write_text(json.dumps(settings, indent=2) + "\n")

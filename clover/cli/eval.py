@@ -1,0 +1,44 @@
+"""`clover eval`: task accuracy, tokens per forward and tokens/s, block diffusion vs AR."""
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a model on held-out task prompts (diffusion vs AR)")
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    p.add_argument("--task", default="all", help="task name or 'all'")
+    p.add_argument("--limit", type=int, default=40, help="prompts per task (default 40)")
+    p.add_argument("--seed", type=int, default=0, help="evaluation split seed")
+    p.add_argument("--threshold", type=float, default=0.95)
+    p.add_argument("--block-size", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--no-ar", action="store_true", help="skip the AR baseline")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import torch
+    from transformers import AutoTokenizer
+
+    from clover import CloverMoeForCausalLM, default_model_dir
+    from clover.data import TASKS, eval_examples, get_task
+    from clover.evaluation.run import evaluate, report_lines
+
+    if args.limit <= 0:
+        raise ValueError(f"--limit={args.limit} must be positive")
+    if args.task != "all" and args.task not in TASKS:
+        raise ValueError(f"--task={args.task!r} is unknown; known: {sorted(TASKS)} or 'all'")
+    model_dir = args.model or default_model_dir()
+    torch.set_grad_enabled(False)
+    model = CloverMoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tasks = [get_task(n) for n in (TASKS if args.task == "all" else [args.task])]
+    examples = eval_examples(args.limit, seed=args.seed, tasks=tasks)
+    report = evaluate(model, tokenizer, examples, model_name=str(model_dir), task=args.task,
+                      threshold=args.threshold, block_size=args.block_size,
+                      max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar)
+    print("\n".join(report_lines(report)))
+    if args.json:
+        print(json.dumps(report.to_json()))
+    return 0

@@ -1,0 +1,53 @@
+"""`clover eval` mechanics on a tiny random model: counts, JSON fields, progress, CLI."""
+
+import json
+
+import pytest
+
+from clover.data import eval_examples, get_task, save_tokenizer, train_task_tokenizer
+from clover.evaluation.run import evaluate, report_lines
+from tests.conftest import tiny_model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_task_tokenizer(vocab_size=300, n_examples=200, seed=0)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return tiny_model(vocab_size=len(tokenizer), mask_token_id=tokenizer.convert_tokens_to_ids("<|mask|>"))
+
+
+def test_evaluate_counts_both_modes(model, tokenizer):
+    examples = eval_examples(2, seed=0, tasks=[get_task("joint"), get_task("record")])
+    report = evaluate(model, tokenizer, examples, model_name="tiny", max_new_tokens=16,
+                      block_size=8, threshold=0.9, show_progress=False)
+    d, a = report.diffusion, report.ar
+    assert d.n == a.n == 4 and set(d.per_task) == {"joint", "record"}
+    assert 0 < d.new_tokens <= 4 * 16 and d.forwards >= d.new_tokens / 8
+    assert a.forwards >= a.new_tokens - 4  # AR: one token per forward (the first from the prefill)
+    out = report.to_json()
+    for key in ("model", "task", "n", "accuracy", "tokens_per_forward", "tokens_per_second",
+                "ar_accuracy", "ar_tokens_per_second"):
+        assert key in out
+    json.dumps(out)
+    assert any("block diffusion / AR" in line for line in report_lines(report))
+
+
+def test_eval_cli_json_last_line(model, tokenizer, tmp_path, capsys):
+    from clover.cli.main import main
+
+    model.save_pretrained(tmp_path / "m")
+    save_tokenizer(tokenizer, tmp_path / "m")
+    assert main(["eval", "--model", str(tmp_path / "m"), "--task", "joint", "--limit", "2",
+                 "--max-new-tokens", "8", "--json"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last)["n"] == 2
+
+
+def test_eval_cli_refuses_unknown_task(capsys):
+    from clover.cli.main import main
+
+    assert main(["eval", "--task", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
