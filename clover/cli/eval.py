@@ -30,7 +30,6 @@ def run(args) -> int:
     if args.task != "all" and args.task not in TASKS:
         raise ValueError(f"--task={args.task!r} is unknown; known: {sorted(TASKS)} or 'all'")
     model_dir = args.model or default_model_dir()
-    torch.set_grad_enabled(False)
     model = CloverMoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tasks = [get_task(n) for n in (TASKS if args.task == "all" else [args.task])]

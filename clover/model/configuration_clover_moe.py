@@ -1,10 +1,14 @@
 """`CloverMoeConfig`: the Qwen3.5-MoE text backbone plus the block-diffusion fields (SPEC §2).
 
 Defaults are the Clover-35B-A3B-Preview values. Inconsistent values raise `ValueError`
-naming the field and what is allowed.
+naming the field and what is allowed; so do values of the wrong type (the strict dataclass's own
+error is re-raised as `ConfigError`, a `ValueError`).
 """
 
-from huggingface_hub.dataclasses import strict
+import functools
+
+from huggingface_hub.dataclasses import strict  # a dependency of transformers
+from huggingface_hub.errors import StrictDataclassError
 from transformers import Qwen3_5MoeTextConfig
 
 ATTENTION_PATTERN = "causal_prefix_bidirectional_block"
@@ -12,6 +16,26 @@ MAX_BLOCK_SIZE = 32
 LAYER_KINDS = ("linear_attention", "full_attention")
 
 
+class ConfigError(ValueError):
+    """An invalid `CloverMoeConfig` field; the message names the field."""
+
+
+def _value_errors(cls):
+    """Re-raise the strict dataclass's type errors (not `ValueError`s) as `ConfigError`."""
+    strict_init = cls.__init__
+
+    @functools.wraps(strict_init)
+    def __init__(self, *args, **kwargs):
+        try:
+            strict_init(self, *args, **kwargs)
+        except StrictDataclassError as e:
+            raise ConfigError(f"CloverMoeConfig: {e}") from e
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_value_errors
 @strict
 class CloverMoeConfig(Qwen3_5MoeTextConfig):
     model_type = "clover_moe"
@@ -23,7 +47,7 @@ class CloverMoeConfig(Qwen3_5MoeTextConfig):
     attention_pattern: str = ATTENTION_PATTERN
     denoising_config: dict | None = None
     moe_block_coreset_enabled: bool = True
-    moe_block_coreset_top_p: float = 0.9
+    moe_block_coreset_top_p: float | int = 0.9  # int so that a JSON `1` loads
 
     def __post_init__(self, **kwargs):
         if self.rope_parameters is None and "rope_theta" not in kwargs:
@@ -35,7 +59,7 @@ class CloverMoeConfig(Qwen3_5MoeTextConfig):
 
 
 def _fail(field: str, value, allowed: str):
-    raise ValueError(f"CloverMoeConfig.{field}={value!r} is invalid: {allowed}")
+    raise ConfigError(f"CloverMoeConfig.{field}={value!r} is invalid: {allowed}")
 
 
 def validate_config(c: CloverMoeConfig) -> None:

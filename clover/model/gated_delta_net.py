@@ -15,6 +15,11 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The delta rule and the block readout run in fp32 (fp64 for an fp64 model, for references)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def causal_conv(x: torch.Tensor, context: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Depthwise causal conv. x [B, C, T]; context [B, C, K-1] (earlier inputs); weight [C, K]."""
     full = torch.cat((context.to(x.dtype), x), dim=-1)
@@ -26,6 +31,12 @@ def right_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     k = weight.shape[-1]
     shifted = F.pad(x, (0, k))[..., 1:]  # [B, C, T+K-1], starts at x_{i+1}
     return F.conv1d(shifted, weight.unsqueeze(1), groups=x.shape[1])
+
+
+def block_conv(x: torch.Tensor, context: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """Block-mode conv before SiLU: the causal taps (reading `context` before the block) plus the
+    right branch (zero past the block end). x [B, C, L]; context [B, C, K-1]; left/right [C, K]."""
+    return causal_conv(x, context, left) + right_conv(x, right)
 
 
 def block_softmax_readout(q, k, v, history, logit_scale, history_bias, history_c):
@@ -71,8 +82,9 @@ class GatedDeltaNet(nn.Module):
         """mixed [B, T, conv_dim] -> l2-normalised q, k [B, T, H_v, d_k] and v [B, T, H_v, d_v]."""
         b, t, _ = mixed.shape
         q, k, v = mixed.split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
-        q = l2norm(q.reshape(b, t, self.num_k_heads, self.head_k_dim).float())
-        k = l2norm(k.reshape(b, t, self.num_k_heads, self.head_k_dim).float())
+        dtype = compute_dtype(mixed)
+        q = l2norm(q.reshape(b, t, self.num_k_heads, self.head_k_dim).to(dtype))
+        k = l2norm(k.reshape(b, t, self.num_k_heads, self.head_k_dim).to(dtype))
         groups = self.num_v_heads // self.num_k_heads
         if groups > 1:  # each q/k head serves `groups` consecutive value heads
             q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
@@ -86,18 +98,20 @@ class GatedDeltaNet(nn.Module):
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         out, state = gated_delta_rule(q, k, v, g, beta, self.head_k_dim ** -0.5, state)
-        new_context = torch.cat((context.to(x_conv.dtype), x_conv), dim=-1)[..., -(self.kernel - 1):]
+        full = torch.cat((context.to(x_conv.dtype), x_conv), dim=-1)
+        # the last K-1 inputs (none if K=1); a copy, so the cache does not pin the whole prefill
+        new_context = full[..., full.shape[-1] - (self.kernel - 1):].contiguous()
         return out, new_context, state
 
     def _block(self, x_conv, context, state):
         """Bidirectional block mode; reads context/state, writes nothing."""
-        left = causal_conv(x_conv, context, self.conv1d.weight.squeeze(1))
-        mixed = F.silu(left + right_conv(x_conv, self.conv_right_weight)).transpose(1, 2)
+        conv = block_conv(x_conv, context, self.conv1d.weight.squeeze(1), self.conv_right_weight)
+        mixed = F.silu(conv).transpose(1, 2)
         q, k, v = self._split_heads(mixed)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H_v, L, d]
         history = (q * self.head_k_dim ** -0.5) @ state  # h_i = Sᵀ q̂_i, [B, H_v, L, d_v]
-        out = block_softmax_readout(q, k, v.float(), history, self.logit_scale.float(),
-                                    self.history_bias.float(), self.history_c.float())
+        scalars = (p.to(q.dtype) for p in (self.logit_scale, self.history_bias, self.history_c))
+        out = block_softmax_readout(q, k, v.to(q.dtype), history, *scalars)
         return out.transpose(1, 2).to(v.dtype)
 
     def forward(self, x, is_real, cache: GatedDeltaNetLayerCache | None, block_len: int):
@@ -110,7 +124,8 @@ class GatedDeltaNet(nn.Module):
         b, a = self.in_proj_b(x), self.in_proj_a(x)
 
         context = x_conv.new_zeros(bsz, self.conv_dim, self.kernel - 1)
-        state = x_conv.new_zeros(bsz, self.num_v_heads, self.head_k_dim, self.head_v_dim, dtype=torch.float)
+        state = x_conv.new_zeros(bsz, self.num_v_heads, self.head_k_dim, self.head_v_dim,
+                                 dtype=compute_dtype(x_conv))
         if cache is not None and cache.conv_state is not None:
             context, state = cache.conv_state, cache.recurrent_state
 

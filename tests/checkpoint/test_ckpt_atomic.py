@@ -5,7 +5,7 @@ import pytest
 import clover.model.checkpoint_save as checkpoint_save
 from ckpt_helpers import hf_model, save_hf
 from clover.checkpoint import convert_checkpoint
-from conftest import tiny_model
+from tiny import tiny_model
 
 
 def fail_on_call(monkeypatch, n: int):

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 import clover  # noqa: F401
 from ckpt_helpers import hf_model, save_hf
 from clover.model import CheckpointError, CloverMoeForCausalLM
-from conftest import tiny_model
+from tiny import tiny_model
 
 KEY = "model.layers.1.linear_attn.in_proj_z.weight"
 

@@ -8,7 +8,7 @@ import pytest
 
 from ckpt_helpers import run_python
 from clover.model import CloverMoeConfig, CloverMoeForCausalLM
-from conftest import tiny_model
+from tiny import tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = """

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 import clover  # noqa: F401
 from ckpt_helpers import hf_model, logits, run_python, save_hf
 from clover.checkpoint import convert_checkpoint
-from conftest import tiny_model
+from tiny import tiny_model
 
 IDS = [[3, 17, 42, 99, 5, 64, 8, 120]]
 SCRIPT = """

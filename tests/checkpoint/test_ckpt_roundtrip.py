@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 import clover  # noqa: F401
 from ckpt_helpers import logits
 from clover.model import CloverMoeForCausalLM
-from conftest import tiny_model
+from tiny import tiny_model
 
 IDS = torch.randint(0, 120, (2, 12), generator=torch.Generator().manual_seed(1))
 LAYOUTS = {

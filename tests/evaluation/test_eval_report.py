@@ -6,7 +6,7 @@ import pytest
 
 from clover.data import eval_examples, get_task, save_tokenizer, train_task_tokenizer
 from clover.evaluation.run import evaluate, report_lines
-from tests.conftest import tiny_model
+from tiny import tiny_model
 
 
 @pytest.fixture(scope="module")

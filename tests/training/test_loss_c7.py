@@ -6,7 +6,7 @@ import torch
 from clover.training.data import Pair, collate
 from clover.training.loss import JointLoss, joint_loss, stream_logits
 from clover.training.noising import noise_generator, sample_block_noise
-from tests.conftest import tiny_model
+from tiny import tiny_model
 
 BLOCK = 4
 EOS, PAD, MASK = 3, 0, 127

@@ -1,0 +1,323 @@
+"""Serving: throughput and latency of `clover serve` at concurrency 1, 4, 16, 64, and its overhead
+over `clover generate` at batch 1.
+
+Reproduce:  python benchmarks/serve.py                       (the embedded model, else a random one)
+            python benchmarks/serve.py --write BENCHMARKS.md  (also rewrites the "Serving" section)
+            python benchmarks/serve.py --model DIR --device cuda
+
+The server runs as a subprocess (`python -m clover.cli.main serve`) on a free loopback port; the
+clients are `openai.AsyncOpenAI` streams in this process (closed loop: each of C workers sends its
+next request when the previous one ends). Per level: output tokens/s over the level's wall time,
+p50/p99 request latency, p50/p99 time to the first committed block (first streamed chunk with
+text), and failed requests. Prompts are eval prompts of the synthetic tasks, greedy, no thinking.
+
+Server overhead: the same prompt and settings, one request at a time, end-to-end over HTTP,
+against `clover generate`'s own code path (`generate_text`, in this process, same device, dtype
+and thread count); both warm, interleaved, median of `--repeats` each.
+
+Without the embedded model (`clover.default_model_dir()`), a random small Clover is built and
+saved to a temporary directory; its lm_head is scaled so distributions are peaked. A random model
+rarely emits EOS, so every request then writes `--max-tokens` tokens.
+"""
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RANDOM_CONFIG = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32,
+                     linear_value_head_dim=32, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256,
+                     shared_expert_intermediate_size=256, max_position_embeddings=4096)
+
+
+def random_checkpoint(directory: Path, head_scale: float) -> Path:
+    import torch
+
+    from clover.data import save_tokenizer, train_task_tokenizer
+    from clover.model import CloverMoeConfig, CloverMoeForCausalLM
+
+    tok = train_task_tokenizer(vocab_size=1000, n_examples=400)
+    torch.manual_seed(0)
+    config = CloverMoeConfig(vocab_size=len(tok), mask_token_id=tok.mask_token_id, **RANDOM_CONFIG)
+    model = CloverMoeForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "conv_right_weight" in name:
+                p.normal_(0.0, 0.02)
+        model.lm_head.weight.mul_(head_scale)
+    model.save_pretrained(directory)
+    save_tokenizer(tok, directory)
+    return directory
+
+
+def resolve_model(args, tmp: Path) -> tuple[Path, str]:
+    if args.model:
+        return Path(args.model), Path(args.model).name
+    import clover
+
+    try:
+        return Path(clover.default_model_dir()), "embedded (clover-tiny)"
+    except (AttributeError, FileNotFoundError):
+        return random_checkpoint(tmp / "random-clover", args.head_scale), "random small Clover (no embedded model)"
+
+
+def prompts(n: int) -> list[str]:
+    from clover.data import eval_examples
+
+    examples = eval_examples(max(1, -(-n // 2)), seed=0)
+    return [e.prompt for e in examples][:n]
+
+
+# -- server ------------------------------------------------------------------------------------
+
+def start_server(model_dir: Path, args, log_path: Path) -> tuple[subprocess.Popen, str]:
+    from clover.serving.runtime import pick_device
+
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "clover.cli.main", "serve", "--model", str(model_dir), "--port", str(port),
+           "--served-model-name", "bench", "--max-batch-size", str(max(args.concurrency)),
+           "--max-queue", "4096", "--dtype", args.dtype, "--device", str(pick_device(args.device))]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 600
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"the server did not start; see {log_path}")
+        time.sleep(0.25)
+
+
+def metric(url: str, name: str) -> float:
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    line = next(line for line in text.splitlines() if line.startswith(name + " "))
+    return float(line.split()[1])
+
+
+# -- load generation ---------------------------------------------------------------------------
+
+def request_body(prompt: str, args) -> dict:
+    return dict(model="bench", messages=[{"role": "user", "content": prompt}], max_tokens=args.max_tokens,
+                temperature=0, extra_body={"block_size": args.block_size, "enable_thinking": False})
+
+
+async def one_stream(client, prompt: str, args) -> dict:
+    start = time.perf_counter()
+    first, tokens = None, 0
+    stream = await client.chat.completions.create(**request_body(prompt, args), stream=True,
+                                                  stream_options={"include_usage": True})
+    async for chunk in stream:
+        if first is None and chunk.choices and (chunk.choices[0].delta.content or "") != "":
+            first = time.perf_counter() - start
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    latency = time.perf_counter() - start
+    return dict(latency=latency, ttfb=first if first is not None else latency, tokens=tokens)
+
+
+async def run_level(url: str, concurrency: int, requests: list[str], args) -> dict:
+    import openai
+
+    client = openai.AsyncOpenAI(api_key="unused", base_url=url + "/v1", max_retries=0, timeout=3600,
+                                http_client=None)
+    queue = list(requests)
+    results, failures = [], 0
+
+    async def worker():
+        nonlocal failures
+        while queue:
+            prompt = queue.pop()
+            try:
+                results.append(await one_stream(client, prompt, args))
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                failures += 1
+                print(f"  request failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    await client.close()
+    return dict(concurrency=concurrency, requests=len(requests), failures=failures, wall=wall,
+                tokens=sum(r["tokens"] for r in results), latencies=[r["latency"] for r in results],
+                ttfbs=[r["ttfb"] for r in results])
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# -- overhead against `clover generate` --------------------------------------------------------
+
+def batch1_overhead(url: str, model_dir: Path, prompt: str, args) -> dict:
+    """Median wall time of one server request (HTTP, non-streaming) and of `clover generate`'s
+    `generate_text` (in this process, same device / dtype / threads), interleaved so that both see
+    the same machine load; both warm, same prompt and greedy settings."""
+    import openai
+    import torch
+
+    from clover.cli.generate import generate_text, load
+    from clover.cli.main import build_parser
+    from clover.serving.runtime import DTYPES, pick_device
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = str(pick_device(args.device))
+    model, tokenizer = load(str(model_dir), device)
+    if DTYPES.get(args.dtype):
+        model = model.to(DTYPES[args.dtype])
+    cli = build_parser().parse_args(["generate", prompt, "--chat", "--no-thinking", "--temperature", "0",
+                                     "--max-new-tokens", str(args.max_tokens),
+                                     "--block-size", str(args.block_size), "--device", device])
+    client = openai.OpenAI(api_key="unused", base_url=url + "/v1", max_retries=0, timeout=3600)
+
+    def generate() -> tuple[float, int]:
+        err = io.StringIO()
+        start = time.perf_counter()
+        generate_text(model, tokenizer, cli, prompt, io.StringIO(), err)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter() - start, int(err.getvalue().strip("[\n").split(" tokens")[0])
+
+    def serve() -> tuple[float, int]:
+        start = time.perf_counter()
+        r = client.chat.completions.create(**request_body(prompt, args))
+        return time.perf_counter() - start, r.usage.completion_tokens
+
+    runs = {"server": [], "generate": []}
+    for i in range(args.repeats + 1):  # the first round warms up
+        for name, fn in (("server", serve), ("generate", generate)) if i % 2 else (("generate", generate),
+                                                                                 ("server", serve)):
+            seconds, tokens = fn()
+            if i:
+                runs[name].append((seconds, tokens))
+    tokens = {name: {t for _, t in r} for name, r in runs.items()}
+    if tokens["server"] != tokens["generate"]:
+        print(f"warning: token counts differ: {tokens}", file=sys.stderr)
+    return dict(server=statistics.median(s for s, _ in runs["server"]),
+                generate=statistics.median(s for s, _ in runs["generate"]),
+                tokens=runs["server"][0][1])
+
+
+# -- report ------------------------------------------------------------------------------------
+
+def report(levels: list[dict], overhead: dict, setting: dict) -> list[str]:
+    lines = [
+        f"Model: {setting['model']}; device {setting['device']}, dtype {setting['dtype']}, "
+        f"threads {setting['threads']}; greedy, block size {setting['block_size']}, max_tokens "
+        f"{setting['max_tokens']}, no thinking; {setting['machine']}. Reproduce: `{setting['command']}`.",
+        "",
+        "| concurrency | requests | failed | output tokens/s | latency p50 (s) | latency p99 (s) "
+        "| first block p50 (s) | first block p99 (s) | tokens/forward |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for lv in levels:
+        lines.append(
+            f"| {lv['concurrency']} | {lv['requests']} | {lv['failures']} | {lv['tokens'] / lv['wall']:.1f} "
+            f"| {percentile(lv['latencies'], 0.5):.3f} | {percentile(lv['latencies'], 0.99):.3f} "
+            f"| {percentile(lv['ttfbs'], 0.5):.3f} | {percentile(lv['ttfbs'], 0.99):.3f} "
+            f"| {lv['tokens_per_forward']:.2f} |")
+    ratio = overhead["server"] / overhead["generate"] - 1
+    lines += [
+        "",
+        f"Batch-1 overhead (same prompt, {overhead['tokens']} tokens, median of {setting['repeats']}): "
+        f"`clover generate` {overhead['generate'] * 1000:.1f} ms, server over HTTP "
+        f"{overhead['server'] * 1000:.1f} ms: **{ratio * 100:+.1f}%** (goal < +10%).",
+        "",
+        "tokens/forward = output tokens per row-forward (a request's share of one batched forward); the "
+        "server runs one forward per (phase, block size) group per step.",
+    ]
+    return lines
+
+
+def write_section(path: Path, lines: list[str]) -> None:
+    """Replace (or append) the `## Serving` section, leaving every other section as it is."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    section = "\n".join(["## Serving", ""] + lines) + "\n"
+    start = text.find("\n## Serving")
+    if start < 0:
+        path.write_text(text.rstrip("\n") + "\n\n" + section)
+        return
+    end = text.find("\n## ", start + 1)
+    rest = "" if end < 0 else text[end:]
+    path.write_text(text[:start + 1] + section + rest)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="checkpoint dir (default: embedded, else a random model)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine and generate")
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
+    p.add_argument("--requests", type=int, default=2, help="requests per level = max(this x concurrency, 8)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--block-size", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=10, help="runs for the batch-1 overhead medians")
+    p.add_argument("--head-scale", type=float, default=60.0, help="lm_head scale of the random model")
+    p.add_argument("--write", type=Path, default=None, help="rewrite the Serving section of this file")
+    args = p.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir, model_name = resolve_model(args, Path(tmp))
+        pool = prompts(max(max(args.concurrency) * args.requests, 8))
+        proc, url = start_server(model_dir, args, Path(tmp) / "server.log")
+        try:
+            asyncio.run(run_level(url, 2, pool[:4], args))  # warm up
+            levels = []
+            for c in args.concurrency:
+                rows_before = metric(url, "clover_row_forwards_total")
+                tokens_before = metric(url, "clover_generation_tokens_total")
+                level = asyncio.run(run_level(url, c, pool[:max(c * args.requests, 8)], args))
+                rows = metric(url, "clover_row_forwards_total") - rows_before
+                level["tokens_per_forward"] = (metric(url, "clover_generation_tokens_total") - tokens_before) / rows
+                levels.append(level)
+                print(f"concurrency {c}: {level['tokens'] / level['wall']:.1f} tokens/s, "
+                      f"{level['failures']} failed", flush=True)
+            overhead = batch1_overhead(url, model_dir, pool[0], args)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    import torch
+
+    from clover.serving.runtime import pick_device
+    device = pick_device(args.device)
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    setting = dict(model=model_name, device=str(device), dtype=dtype,
+                   threads=args.threads or torch.get_num_threads(), block_size=args.block_size,
+                   max_tokens=args.max_tokens, repeats=args.repeats,
+                   machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, load average "
+                           f"{os.getloadavg()[0]:.1f} at the end (other jobs share the machine)",
+                   command="python benchmarks/serve.py " + " ".join(sys.argv[1:]))
+    lines = report(levels, overhead, setting)
+    print("\n".join(lines))
+    if args.write:
+        write_section(args.write, lines)
+    print(json.dumps({"levels": [{k: v for k, v in lv.items() if k not in ("latencies", "ttfbs")}
+                                 for lv in levels], **overhead}))
+
+
+if __name__ == "__main__":
+    main()

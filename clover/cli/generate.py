@@ -1,0 +1,220 @@
+"""`clover generate`: decode one prompt, streaming text as blocks commit.
+
+    clover generate "Why is the sky blue?" --chat --max-new-tokens 256
+    echo "Once upon a time" | clover generate - --show-denoising
+
+Sampling: `--temperature T > 0`, `--top-p` or `--top-k` turn sampling on; `--temperature 0` forces
+greedy; with none of them the checkpoint's `do_sample` decides. The statistics line goes to stderr.
+"""
+
+import argparse
+import shutil
+import sys
+import time
+
+MASK_GLYPH = "░"
+CLEAR_LINE = "\r\x1b[K"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text with block diffusion (or AR)")
+    p.add_argument("prompt", nargs="?", help="prompt text, or '-' to read stdin")
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--enable-thinking", dest="thinking", action="store_true", default=None,
+                   help="open the assistant turn in thinking mode (with --chat)")
+    p.add_argument("--no-thinking", dest="thinking", action="store_false",
+                   help="start the assistant turn with an empty think block (with --chat)")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--threshold", type=float, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--show-denoising", action="store_true", help="show the current block filling in")
+    p.add_argument("--ar", action="store_true", help="autoregressive decoding (one token per forward)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.set_defaults(run=run)
+
+
+def read_prompt(prompt: str | None) -> str:
+    if prompt is None:
+        raise ValueError("no PROMPT given (pass the text, or '-' to read stdin)")
+    return sys.stdin.read() if prompt == "-" else prompt
+
+
+def model_dir(path: str | None):
+    if path is not None:
+        return path
+    import clover
+
+    if not hasattr(clover, "default_model_dir"):
+        raise ValueError("--model DIR is required (this build has no embedded model)")
+    return clover.default_model_dir()
+
+
+def load(path, device: str | None):
+    import torch
+    from transformers import AutoTokenizer
+
+    from clover import CloverMoeForCausalLM
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    model = CloverMoeForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def prompt_ids(tokenizer, text: str, args) -> list[int]:
+    if not args.chat:
+        return tokenizer(text).input_ids
+    messages = ([{"role": "system", "content": args.system}] if args.system else [])
+    messages.append({"role": "user", "content": text})
+    extra = {} if args.thinking is None else {"enable_thinking": args.thinking}
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+    return tokenizer(rendered).input_ids
+
+
+def special_ids(model, tokenizer) -> dict:
+    """EOS / pad / think ids from the tokenizer, for whatever the checkpoint's config leaves unset."""
+    settings = {}
+    vocab = tokenizer.get_vocab()
+    checkpoint = getattr(model, "generation_config", None)
+    if getattr(checkpoint, "eos_token_id", None) is None:
+        eos = [vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab]
+        settings["eos_token_id"] = eos or tokenizer.eos_token_id
+    if getattr(checkpoint, "pad_token_id", None) is None and tokenizer.pad_token_id is not None:
+        settings["pad_token_id"] = tokenizer.pad_token_id
+    for name, token in (("think_start_token_id", "<think>"), ("think_end_token_id", "</think>")):
+        if getattr(checkpoint, name, None) is None and token in vocab:
+            settings[name] = vocab[token]
+    return settings
+
+
+def decode_settings(args) -> dict:
+    settings = dict(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
+                    threshold=args.threshold, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    if args.temperature == 0:
+        settings["do_sample"] = False
+    elif args.temperature is not None or args.top_p is not None or args.top_k is not None:
+        settings.update(do_sample=True, temperature=args.temperature)
+    if args.ar:
+        settings["mode"] = "ar"
+    return settings
+
+
+class TextStream:
+    """Incremental detokenisation: decode the whole response, emit the new suffix; a trailing
+    incomplete UTF-8 sequence (U+FFFD) waits for the next tokens."""
+
+    def __init__(self, tokenizer, hidden: set[int]):
+        self.tokenizer, self.hidden = tokenizer, hidden
+        self.tokens: list[int] = []
+        self.emitted = 0
+
+    def add(self, tokens: list[int], final: bool = False) -> str:
+        self.tokens += [t for t in tokens if t not in self.hidden]
+        text = self.tokenizer.decode(self.tokens)
+        if text.endswith("\ufffd") and not final:
+            return ""
+        new, self.emitted = text[self.emitted:], len(text)
+        return new
+
+
+class DenoisingView:
+    """The current block below the committed text. On a terminal one status line is redrawn in
+    place (ANSI); otherwise each step prints a plain line."""
+
+    def __init__(self, tokenizer, out, tty: bool):
+        self.tokenizer, self.out, self.tty = tokenizer, out, tty
+        self.partial = ""  # committed text after the last newline (tty: lives on the status line)
+
+    def render(self, block: list[int], mask_id: int) -> str:
+        pieces = [MASK_GLYPH if t == mask_id else self.tokenizer.decode([t]) for t in block]
+        return "".join(pieces).replace("\n", "⏎")
+
+    def step(self, event, mask_id: int) -> None:
+        view = self.render(event.block[0].tolist(), mask_id)
+        if self.tty:
+            width = shutil.get_terminal_size().columns - 1
+            self.out.write(CLEAR_LINE + (self.partial + "\x1b[2m" + view)[-width:] + "\x1b[0m")
+        else:
+            self.out.write(f"[block {event.block_index}] {view}\n")
+        self.out.flush()
+
+    def commit(self, text: str) -> None:
+        if not self.tty:
+            self.out.write(f"[commit] {text!r}\n")
+            return
+        lines = (self.partial + text).split("\n")
+        self.out.write(CLEAR_LINE + "".join(line + "\n" for line in lines[:-1]))
+        self.partial = lines[-1]
+
+    def close(self) -> None:
+        self.out.write((CLEAR_LINE + self.partial + "\n") if self.tty else "")
+
+
+def eos_ids(model, settings: dict) -> set[int]:
+    """The EOS ids this request will use (they end the response and are not printed)."""
+    from clover.model.generation_config import FIELDS, resolve_config
+
+    known = {k: v for k, v in settings.items() if k in FIELDS}
+    return set(resolve_config(getattr(model, "generation_config", None), model.config, known).eos_token_id)
+
+
+def stream_text(model, tokenizer, ids: list[int], settings: dict, show_denoising: bool, out) -> object:
+    """Decode, writing text to `out` as blocks commit; returns the `GenerateOutput`."""
+    import torch
+
+    from clover.model.events import BlockEvent, DoneEvent, StepEvent
+
+    text = TextStream(tokenizer, eos_ids(model, settings))
+    view = DenoisingView(tokenizer, out, out.isatty()) if show_denoising else None
+    mask_id = model.config.mask_token_id
+    events = model.stream_generate(torch.tensor([ids], device=model.device), **settings)
+    output = None
+    for event in events:
+        if isinstance(event, StepEvent) and view is not None:
+            view.step(event, mask_id)
+        elif isinstance(event, BlockEvent):
+            new = text.add(event.tokens, final=event.finished)
+            if view is not None:
+                view.commit(new)
+            else:
+                out.write(new)
+                out.flush()
+        elif isinstance(event, DoneEvent):
+            output = event.output
+    if view is not None:
+        view.close()
+    elif not text.tokenizer.decode(text.tokens).endswith("\n"):
+        out.write("\n")
+    out.flush()
+    return output
+
+
+def stats_line(output, seconds: float) -> str:
+    row = output.rows[0]
+    return (f"[{row.new_tokens} tokens, {output.num_forward_passes} forwards, "
+            f"{row.tokens_per_forward:.2f} tokens/forward, "
+            f"{row.new_tokens / max(seconds, 1e-9):.1f} tokens/s, "
+            f"stop: {row.stop_reason}]")
+
+
+def generate_text(model, tokenizer, args, prompt: str, out=None, err=None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    ids = prompt_ids(tokenizer, prompt, args)
+    settings = {k: v for k, v in decode_settings(args).items() if v is not None}
+    settings.update(special_ids(model, tokenizer))
+    start = time.perf_counter()
+    output = stream_text(model, tokenizer, ids, settings, args.show_denoising, out)
+    err.write(stats_line(output, time.perf_counter() - start) + "\n")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = read_prompt(args.prompt)
+    model, tokenizer = load(model_dir(args.model), args.device)
+    return generate_text(model, tokenizer, args, prompt)

@@ -1,0 +1,69 @@
+"""From a validated request body and its prompt to a queued engine request (or an APIError)."""
+
+from dataclasses import dataclass
+
+import torch
+
+from clover.model.generation_config import validate_prompt
+
+from .async_engine import RequestStream
+from .errors import bad_request, model_not_found, queue_full
+from .params import ParamError, default_max_tokens, request_config
+from .prompts import Prompt
+from .runtime import Runtime
+from .scheduler import QueueFullError
+from .schemas import SamplingFields, new_id
+from .sequence import EngineRequest
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    served_model_name: str = "clover"
+    api_key: str | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+
+
+def check_model(name: str, config: ServerConfig) -> None:
+    if name != config.served_model_name:
+        raise model_not_found(name, config.served_model_name)
+
+
+def refuse_unsupported(req: SamplingFields) -> None:
+    if req.n != 1:
+        raise bad_request(f"n={req.n} is not supported: this server returns exactly one choice per "
+                          "request (n=1); send several requests instead", "n")
+    if req.logprobs:
+        raise bad_request("logprobs are not supported by this server", "logprobs")
+
+
+def _overrides(req: SamplingFields, max_tokens: int | None) -> dict:
+    top_k = req.top_k if req.top_k is None or req.top_k >= 0 else 0  # -1 = off, as in vLLM
+    return dict(max_new_tokens=max_tokens, block_size=req.block_size, threshold=req.threshold,
+                temperature=req.temperature, top_p=req.top_p, top_k=top_k,
+                presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                repetition_penalty=req.repetition_penalty)
+
+
+def submit(runtime: Runtime, req: SamplingFields, prompt: Prompt, max_tokens: int | None,
+           prefix: str) -> tuple[RequestStream, EngineRequest]:
+    """Resolve settings, check the prompt against the model, and queue the request."""
+    refuse_unsupported(req)
+    try:
+        cfg = request_config(runtime.defaults, _overrides(req, max_tokens), runtime.vocab_size)
+        if max_tokens is None:  # fill the context up to the checkpoint's default budget
+            budget = default_max_tokens(len(prompt.ids), cfg.block_size, runtime.max_model_len,
+                                        cfg.max_new_tokens)
+            cfg = request_config(cfg, {"max_new_tokens": budget or cfg.max_new_tokens}, runtime.vocab_size)
+        ids = torch.tensor([prompt.ids], dtype=torch.long).view(1, -1)
+        validate_prompt(ids, torch.ones_like(ids), cfg, runtime.model_config)
+    except ParamError as e:
+        raise bad_request(str(e), e.param) from None
+    except ValueError as e:
+        code = "context_length_exceeded" if "context" in str(e) else None
+        raise bad_request(str(e), "messages" if code else None, code) from None
+    request = EngineRequest(new_id(prefix), prompt.ids, cfg, req.seed)
+    try:
+        return runtime.async_engine.generate(request), request
+    except QueueFullError as e:
+        raise queue_full(str(e)) from None
+

@@ -1,0 +1,242 @@
+"""The engine: one thread owns the model and runs every request's block diffusion in shared steps.
+
+Design (correctness first: greedy output never depends on the batch, SPEC C4):
+
+* Each request keeps its own `CloverCache` (batch 1, no padding). A step batches rows by
+  stacking those caches (`batch.stack_caches`: attention KV left-padded to the longest prefix,
+  masked out by `attention_mask`; GDN states concatenated) and splits the written cache back.
+* A forward's rows must share `block_len`, and rows with a cache must append the same number of
+  tokens (the cache has one `seq_length`, and padding between real tokens would corrupt the GDN
+  state). So one step runs one forward per (phase, block size) group:
+    - CHUNK    `[left pad, prompt piece]`      prompt pieces of long prompts (`sequence.py`), no block;
+    - PREFILL  `[left pad, prompt, B masks]`  new requests: causal prefill (or its last piece)
+      fused with their first denoising step (left padding only over empty caches: exact);
+    - COMMIT   `[finished block, B masks]`   the fused commit of a finished block and the first
+      denoising step of the next one (SPEC §3.3, C3);
+    - DENOISE  `[block]`                      a block-mode step; reads the cache, writes nothing.
+  Groups are also split by empty-cache-or-not. With one block size and short prompts that is at
+  most three forwards a step; the DENOISE group's stacked cache is reused while its rows and
+  their caches are unchanged.
+* Requests are admitted between steps (a block boundary for everyone). A request that finishes,
+  fails or is aborted (client gone) leaves the batch before the next step and drops its cache.
+* Each request samples with its own `torch.Generator`, so sampling is batch-independent too.
+
+Thread contract: `submit` and `abort` may be called from any thread; `sink` callbacks run on the
+engine thread and must not block.
+"""
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .batch import split_cache, stack_caches, stack_inputs
+from .denoise import RowDecoder
+from .metrics import ServingMetrics
+from .scheduler import Group, Scheduler, SchedulerConfig
+from .sequence import EngineRequest, Phase, RequestOutput, Sequence
+
+log = logging.getLogger("clover.serve")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    idle_wait_s: float = 0.05
+    num_threads: int | None = None  # CPU intra-op threads of the engine thread (None: torch's default)
+
+
+class Engine:
+    def __init__(self, model, tokenizer, config: EngineConfig = EngineConfig(),
+                 metrics: ServingMetrics | None = None):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.metrics = metrics or ServingMetrics()
+        self.scheduler = Scheduler(config.scheduler)
+        self.mask_token_id = model.config.mask_token_id
+        self.vocab_size = model.config.vocab_size
+        self.device = model.device
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else 0
+        self._denoise_memo: dict[int, tuple[list, object]] = {}  # block size -> (caches, stacked)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- any thread ---------------------------------------------------------------------------
+    def submit(self, request: EngineRequest, sink) -> None:
+        """Queue a request; `sink(RequestOutput)` receives its reports. Raises `QueueFullError`."""
+        generator = None
+        if request.params.do_sample:
+            seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(7), "little")
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.scheduler.submit(Sequence(request, sink, self.mask_token_id, generator))
+        self.metrics.queue_depth.set(self.scheduler.num_waiting)
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+
+    def start(self) -> "Engine":
+        self._thread = threading.Thread(target=self._loop, name="clover-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        with self.scheduler.wakeup:
+            self.scheduler.wakeup.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # -- engine thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        with torch.inference_mode():
+            while not self._stop.is_set():
+                self.scheduler.wait_for_work(self.config.idle_wait_s)
+                try:
+                    self.step()
+                except Exception:  # noqa: BLE001 - the loop must survive anything a step does
+                    log.exception("engine step failed")
+
+    def step(self) -> None:
+        """Drop aborted requests, admit waiting ones, run one forward per group."""
+        for seq in self.scheduler.take_aborted():
+            self._finish(seq, "abort")
+        for seq in self.scheduler.admit():
+            try:
+                self._start(seq)
+            except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
+                log.exception("request %s could not start", seq.request_id)
+                self._finish(seq, "error", error=f"{type(e).__name__} at admission")
+        self.metrics.queue_depth.set(self.scheduler.num_waiting)
+        self.metrics.running.set(self.scheduler.num_running)
+        groups = self.scheduler.groups()
+        live = {g.block_len for g in groups if g.phase is Phase.DENOISE}
+        self._denoise_memo = {b: v for b, v in self._denoise_memo.items() if b in live}
+        if not groups:
+            return
+        started = time.perf_counter()
+        for group in groups:
+            self._run_group_isolated(group)
+        self.metrics.step_time.observe(time.perf_counter() - started)
+
+    def _run_group_isolated(self, group: Group) -> None:
+        """Run a group; if its forward fails, rerun its rows one by one so that only the rows that
+        fail alone are failed (per-request caches are untouched until a forward succeeds)."""
+        try:
+            self._run_group(group)
+        except Exception as e:  # noqa: BLE001 - fail these requests, keep serving the rest
+            if len(group.seqs) > 1:
+                log.warning("batched forward of %d rows failed (%s); retrying them one by one",
+                            len(group.seqs), type(e).__name__)
+                for seq in group.seqs:
+                    self._run_group_isolated(Group(group.phase, group.block_len, [seq]))
+                return
+            log.exception("forward failed for request %s", group.seqs[0].request_id)
+            self._finish(group.seqs[0], "error", error=f"{type(e).__name__} during decoding")
+
+    def _start(self, seq: Sequence) -> None:
+        seq.admitted_at = time.perf_counter()
+        self.metrics.queue_time.observe(seq.admitted_at - seq.request.arrival)
+        seq.decoder = RowDecoder.start(self.model, seq.request.prompt_ids, seq.params)
+        seq.new_block(self.device)
+        seq.next_prompt_phase(self.config.scheduler.prefill_chunk)
+
+    def _batch_cache(self, group: Group):
+        """The group's stacked cache (None for empty caches), reused for an unchanged DENOISE group."""
+        if group.seqs[0].cache is None:
+            return None
+        caches = [s.cache for s in group.seqs]
+        if group.phase is Phase.DENOISE:
+            memo = self._denoise_memo.get(group.block_len)
+            # identity, not id(): the memo holds its caches, so no new cache can match a dead one
+            if memo is not None and len(memo[0]) == len(caches) and all(a is b for a, b in zip(memo[0], caches)):
+                return memo[1]
+        batched = stack_caches(caches, self.model.new_cache())
+        if group.phase is Phase.DENOISE:
+            self._denoise_memo[group.block_len] = (caches, batched)
+        return batched
+
+    def _run_group(self, group: Group) -> None:
+        seqs, b, chunk = group.seqs, group.block_len, self.config.scheduler.prefill_chunk
+        causal = [s.causal_input(chunk) for s in seqs]
+        inputs = stack_inputs(causal, [s.block if b else s.block[:0] for s in seqs], self.pad_id, self.device)
+        cached = self._batch_cache(group)
+        cache = self.model.new_cache() if cached is None else cached.cache
+        mask = inputs.new_mask if cached is None else torch.cat((cached.key_mask, inputs.new_mask), dim=1)
+        out = self.model(inputs.input_ids, attention_mask=mask, past_key_values=cache, block_len=b,
+                         logits_to_keep=max(b, 1))
+        self.metrics.forward_passes.inc()
+        self.metrics.row_forwards.inc(len(seqs))
+        if group.phase is not Phase.DENOISE:
+            self._write_back(group, cache, cached, inputs.pads, [len(c) for c in causal])
+        for row, seq in enumerate(seqs):
+            seq.num_forwards += 1
+            if not b:  # a prompt piece: nothing to decode yet
+                continue
+            try:
+                self._advance(seq, out.logits[row])
+            except Exception as e:  # noqa: BLE001 - one bad row must not fail the batch
+                log.exception("request %s failed", seq.request_id)
+                self._finish(seq, "error", error=f"{type(e).__name__} during decoding")
+
+    def _write_back(self, group: Group, cache, cached, pads: list[int], appended: list[int]) -> None:
+        """Give every row its part of the written cache; its prompt piece or commit is done."""
+        cache_pads = cached.pads if cached is not None else [0] * len(group.seqs)
+        starts = [cp + p for cp, p in zip(cache_pads, pads)]
+        owns = split_cache(cache, starts, [self.model.new_cache() for _ in starts])
+        chunk = self.config.scheduler.prefill_chunk
+        for seq, own, n in zip(group.seqs, owns, appended):
+            seq.cache, seq.pending = own, []
+            if group.phase in (Phase.CHUNK, Phase.PREFILL):
+                seq.prefilled += n
+                self.metrics.prompt_tokens.inc(n)
+                if group.phase is Phase.CHUNK:
+                    seq.next_prompt_phase(chunk)
+
+    def _advance(self, seq: Sequence, logits: torch.Tensor) -> None:
+        """One denoising step on the row's block; commit or finish when the block is final."""
+        limit = min(seq.block_size, seq.remaining)
+        seq.block = seq.decoder.step(logits, seq.block, len(seq.generated), limit, seq.generator)
+        seq.phase = Phase.DENOISE
+        result = seq.decoder.status(seq.block, limit)
+        if result.tokens is None:
+            return
+        tokens, reason = result.tokens, result.finish_reason
+        seq.generated += tokens
+        self.metrics.generation_tokens.inc(len(tokens))
+        if seq.first_block_at is None:
+            seq.first_block_at = time.perf_counter()
+            self.metrics.first_block.observe(seq.first_block_at - seq.request.arrival)
+        if reason is None and seq.remaining <= 0:
+            reason = "length"
+        if reason is not None:
+            self._finish(seq, reason, tokens)
+            return
+        seq.decoder.commit(seq.block)
+        seq.pending, seq.phase = tokens, Phase.COMMIT
+        seq.new_block(self.device)
+        self._report(seq, tokens)
+
+    def _finish(self, seq: Sequence, reason: str, tokens: list[int] | None = None, error: str | None = None):
+        if seq.cache is not None:  # no stacked copy may outlive the request
+            self._denoise_memo = {b: v for b, v in self._denoise_memo.items()
+                                  if not any(c is seq.cache for c in v[0])}
+        self.scheduler.finish(seq)
+        if seq.num_forwards:
+            self.metrics.tokens_per_forward.observe(len(seq.generated) / seq.num_forwards)
+        self._report(seq, tokens or [], reason, error)
+
+    def _report(self, seq: Sequence, tokens: list[int], reason: str | None = None, error: str | None = None):
+        try:
+            seq.report(tokens, reason, error)
+        except Exception:  # noqa: BLE001 - a broken consumer only loses its own request
+            log.exception("could not deliver output of %s; aborting it", seq.request_id)
+            if reason is None:
+                self.scheduler.abort(seq.request_id)
+
+
+__all__ = ["Engine", "EngineConfig", "EngineRequest", "RequestOutput"]

@@ -1,0 +1,108 @@
+"""Admission and grouping: which sequences run in this step, and in which forwards.
+
+Contract: `submit` and `abort` may be called from any thread; everything else runs on the engine
+thread. Waiting requests are admitted between steps, which is a block boundary for every running
+sequence (each step ends with whole-block decisions). Rows of one forward must share `block_len`
+and, when they have a cache, the number of tokens they append; so a step makes one group per
+(phase, block length, empty cache or not): prompt pieces, prefills, fused commits, denoising steps.
+"""
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from .sequence import Phase, Sequence
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its bound."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 32  # running sequences
+    max_queue: int = 256  # waiting (not yet admitted) sequences
+    max_prefill_tokens: int = 8192  # prompt tokens admitted per step (at least one request)
+    prefill_chunk: int = 4096  # longest prompt piece in one forward
+
+
+@dataclass
+class Group:
+    phase: Phase
+    block_len: int  # 0 for prompt pieces
+    seqs: list[Sequence]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._aborted: set[str] = set()
+        self._lock = threading.Lock()
+        self.wakeup = threading.Condition(self._lock)
+
+    # -- any thread ---------------------------------------------------------------------------
+    def submit(self, seq: Sequence) -> None:
+        with self._lock:
+            if len(self.waiting) >= self.config.max_queue:
+                raise QueueFullError(f"the request queue is full ({self.config.max_queue} waiting)")
+            self.waiting.append(seq)
+            self.wakeup.notify()
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborted.add(request_id)
+            self.wakeup.notify()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # -- engine thread ------------------------------------------------------------------------
+    def wait_for_work(self, timeout: float) -> None:
+        with self._lock:
+            if not self.waiting and not self.running and not self._aborted:
+                self.wakeup.wait(timeout)
+
+    def take_aborted(self) -> list[Sequence]:
+        """Remove aborted sequences (waiting or running) and return them."""
+        with self._lock:
+            ids, self._aborted = self._aborted, set()
+            gone = [s for s in self.waiting if s.request_id in ids]
+            self.waiting = deque(s for s in self.waiting if s.request_id not in ids)
+        gone += [s for s in self.running if s.request_id in ids]
+        self.running = [s for s in self.running if s.request_id not in ids]
+        return gone
+
+    def admit(self) -> list[Sequence]:
+        """Move waiting sequences into the batch, up to the batch and prefill-token bounds."""
+        admitted, tokens = [], 0
+        with self._lock:
+            while self.waiting and len(self.running) < self.config.max_batch_size:
+                size = len(self.waiting[0].request.prompt_ids)
+                if admitted and tokens + size > self.config.max_prefill_tokens:
+                    break
+                seq = self.waiting.popleft()
+                tokens += size
+                self.running.append(seq)
+                admitted.append(seq)
+        return admitted
+
+    def groups(self) -> list[Group]:
+        """Running sequences grouped by (phase, block length, cached or not), in admission order."""
+        groups: dict[tuple, Group] = {}
+        for seq in self.running:
+            key = (seq.phase, seq.block_len, seq.cache is None)
+            groups.setdefault(key, Group(seq.phase, seq.block_len, [])).seqs.append(seq)
+        return list(groups.values())
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a sequence from the batch and free its cache."""
+        if seq in self.running:
+            self.running.remove(seq)
+        seq.cache = None

@@ -1,0 +1,120 @@
+"""One request's decoding state inside the engine, and what the engine reports back for it.
+
+A `Sequence` is owned by the engine thread. Its phase says what its next forward feeds:
+
+  CHUNK    [prompt piece]                a causal prompt piece of a long prompt (writes the cache)
+  PREFILL  [rest of prompt, B masks]     the (last) causal prompt piece + the first block
+  DENOISE  [block]                       block mode only (reads the cache)
+  COMMIT   [finished block, B masks]     fused commit (writes) + next block (SPEC §3.3, C3)
+
+A prompt longer than the chunk size C is fed in pieces so that no forward holds more than C prompt
+tokens: first `L - (k-1)·C` tokens (1..C), then full pieces of C, the last one fused with the
+first block. So every piece after the first appends exactly C tokens to a cache.
+"""
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from clover.model import CloverCache
+from clover.model.generation_config import DecodeConfig
+
+
+class Phase(Enum):
+    CHUNK = "chunk"
+    PREFILL = "prefill"
+    DENOISE = "denoise"
+    COMMIT = "commit"
+
+
+@dataclass
+class EngineRequest:
+    """What the HTTP layer submits: token ids, resolved settings and the sampling seed."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: DecodeConfig
+    seed: int | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class RequestOutput:
+    """One report for a request: the tokens of newly committed blocks, cumulative counters, and
+    `finish_reason` ("stop", "length", "abort" or "error") on the last report."""
+
+    request_id: str
+    new_token_ids: list[int]
+    num_generated: int
+    num_forwards: int
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: EngineRequest
+    sink: object  # callable(RequestOutput), thread-safe
+    mask_token_id: int
+    generator: torch.Generator | None = None
+    decoder: object = None  # denoise.RowDecoder, set at admission
+    phase: Phase = Phase.PREFILL
+    cache: CloverCache | None = None
+    block: torch.Tensor | None = None  # [B] current block, mask_token_id where unfilled
+    pending: list[int] = field(default_factory=list)  # finished block waiting to be committed
+    prefilled: int = 0  # prompt tokens already in the cache
+    generated: list[int] = field(default_factory=list)
+    num_forwards: int = 0
+    admitted_at: float | None = None
+    first_block_at: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def params(self) -> DecodeConfig:
+        return self.request.params
+
+    @property
+    def block_size(self) -> int:
+        return self.params.block_size
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.generated)
+
+    def next_prompt_phase(self, chunk: int) -> None:
+        """CHUNK while more than one piece of the prompt is left, then PREFILL."""
+        left = len(self.request.prompt_ids) - self.prefilled
+        self.phase = Phase.CHUNK if left > chunk else Phase.PREFILL
+
+    def causal_input(self, chunk: int) -> list[int]:
+        """Tokens this step appends to the cache (before the block, if any)."""
+        prompt = self.request.prompt_ids
+        if self.phase is Phase.CHUNK:
+            size = (len(prompt) - self.prefilled - 1) % chunk + 1  # the first piece takes the rest
+            return prompt[self.prefilled:self.prefilled + size]
+        if self.phase is Phase.PREFILL:
+            return prompt[self.prefilled:]
+        if self.phase is Phase.COMMIT:
+            return self.pending
+        return []
+
+    @property
+    def block_len(self) -> int:
+        """Block positions in this step's input (0 while feeding prompt pieces)."""
+        return 0 if self.phase is Phase.CHUNK else self.block_size
+
+    def new_block(self, device) -> None:
+        self.block = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=device)
+
+    def report(self, new_tokens: list[int], finish_reason: str | None = None, error: str | None = None):
+        self.sink(RequestOutput(self.request_id, new_tokens, len(self.generated), self.num_forwards,
+                                finish_reason, error))

@@ -1,0 +1,170 @@
+"""Shared helpers for the serving tests: a tiny tokenizer, a tiny peaked model, a scripted model,
+and a server on a free loopback port (uvicorn in a thread of the test process)."""
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import torch
+import uvicorn
+
+from clover.data.tokenizer import train_tokenizer
+
+from tiny import tiny_config, tiny_model
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "hello world, how are you today? I am fine, thank you.",
+    "def add(x, y):\n    return x + y\n",
+    "What is the weather in Paris? It is sunny in Paris today.",
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    "Let me think about this step by step. The answer is 4.",
+] * 10
+
+
+def make_tokenizer():
+    return train_tokenizer(TEXTS, vocab_size=300)
+
+
+def make_model(tokenizer, seed: int = 0, head_scale: float = 8.0):
+    """A random tiny model over the tokenizer's vocabulary; the lm_head is scaled so the
+    distributions are peaked (many positions pass the threshold)."""
+    model = tiny_model(seed=seed, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(head_scale)
+    return model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(client, timeout: float = 60):
+    """Poll `GET /v1/models` until the model has loaded (503 before)."""
+    import openai
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return client.models.list()
+        except openai.APIStatusError as e:
+            if e.status_code != 503 or time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+class ServerThread:
+    """uvicorn serving `app` on 127.0.0.1:<free port> until `stop()`."""
+
+    def __init__(self, app):
+        self.port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "ServerThread":
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+class ScriptedModel(torch.nn.Module):
+    """Follows the model's forward contract and answers every prompt with `respond(prompt_text)`
+    followed by `<|im_end|>`, with certainty, so each block is final after one step.
+
+    It keeps real state in a `CloverCache` like the real model: the token ids as the keys of its
+    attention layer and the prompt length in its GDN layer's conv state, so the engine's cache
+    stacking and splitting are exercised. A prompt containing "EXPLODE" makes the forward raise."""
+
+    def __init__(self, tokenizer, respond):
+        super().__init__()
+        self.tokenizer, self.respond = tokenizer, respond
+        self.config = tiny_config(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
+                                  num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
+        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+    @property
+    def device(self):
+        return self.anchor.device
+
+    def new_cache(self):
+        from clover.model import CloverCache
+        return CloverCache(self.config.layer_types)
+
+    def _script(self, prompt_ids: list[int]) -> list[int]:
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        if "EXPLODE" in text:
+            raise RuntimeError("scripted failure")
+        return self.tokenizer.encode(self.respond(text), add_special_tokens=False) + [self.im_end]
+
+    def forward(self, input_ids, attention_mask=None, past_key_values=None, block_len=None,
+                logits_to_keep=0, **kwargs):
+        from clover.model import CloverOutput
+        cache, block_len = past_key_values, int(block_len or 0)
+        g, t = input_ids.shape
+        past, n_causal = cache.seq_length, t - block_len
+        gdn, att = cache.layers
+        new = input_ids[:, None, :n_causal, None].float()
+        att.key = new if att.key is None else torch.cat((att.key, new), dim=2)
+        att.value = att.key
+        if gdn.conv_state is None:  # prefill: remember each row's prompt length
+            gdn.conv_state = attention_mask[:, past:past + n_causal].sum(-1).float().view(g, 1, 1)
+            gdn.recurrent_state = torch.zeros(g, 1, 1, 1)
+        cache.seq_length += n_causal
+        logits = torch.full((g, block_len, self.config.vocab_size), -30.0)
+        real = attention_mask[:, :past + n_causal].bool()
+        for row in range(g):
+            ids = att.key[row, 0, :, 0][real[row]].long().tolist()
+            prompt_len = int(gdn.conv_state[row].item())
+            script = self._script(ids[:prompt_len])
+            done = len(ids) - prompt_len
+            for j in range(block_len):
+                k = done + j
+                logits[row, j, script[k] if k < len(script) else self.im_end] = 30.0
+        return CloverOutput(logits=logits, past_key_values=cache)
+
+
+WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def scripted_answer(prompt: str) -> str:
+    """What the scripted model says: a tool call when tools are offered, the weather once the tool
+    answered, and a thought before the answer unless thinking was switched off in the prompt."""
+    if "<tool_response>" in prompt:
+        return "It is sunny in Paris."
+    if prompt.endswith('"arguments": '):  # a named tool_choice opened the call
+        return '{"city": "Paris"}}\n</tool_call>'
+    if prompt.endswith("<tool_call>\n"):  # tool_choice="required" opened the call
+        return WEATHER_CALL[len("<tool_call>\n"):]
+    if "# Tools" in prompt:
+        return WEATHER_CALL
+    if prompt.rstrip().endswith("</think>"):
+        return "The answer is 4."
+    return "<think>\nLet me think.\n</think>\n\nThe answer is 4."
+
+
+class GatedModel(ScriptedModel):
+    """A scripted model whose forwards wait for `gate` (to hold requests in the engine)."""
+
+    def __init__(self, tokenizer, respond=scripted_answer):
+        super().__init__(tokenizer, respond)
+        self.gate = threading.Event()
+
+    def forward(self, *args, **kwargs):
+        self.gate.wait(timeout=60)
+        return super().forward(*args, **kwargs)
