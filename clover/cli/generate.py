@@ -18,7 +18,7 @@ CLEAR_LINE = "\r\x1b[K"
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text with block diffusion (or AR)")
-    p.add_argument("prompt", nargs="?", help="prompt text, or '-' to read stdin")
+    p.add_argument("prompt", nargs="?", help="prompt text, '-' to read stdin (default: a built-in airspace example)")
     p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
@@ -39,10 +39,22 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
+def builtin_example() -> str:
+    """The drone demo: airspace notices in, no-fly zones as JSON out (a held-out example)."""
+    from clover.data import get_task
+
+    return get_task("airspace").generate(seed=7, split="eval").prompt
+
+
 def read_prompt(prompt: str | None) -> str:
-    if prompt is None:
-        raise ValueError("no PROMPT given (pass the text, or '-' to read stdin)")
     return sys.stdin.read() if prompt == "-" else prompt
+
+
+def apply_builtin_example(args: argparse.Namespace) -> None:
+    """No PROMPT: run the built-in airspace example as a chat turn without thinking."""
+    if args.prompt is None:
+        args.prompt, args.chat = builtin_example(), True
+        args.thinking = False if args.thinking is None else args.thinking
 
 
 def model_dir(path: str | None):
@@ -215,6 +227,9 @@ def generate_text(model, tokenizer, args, prompt: str, out=None, err=None) -> in
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.prompt is None:
+        apply_builtin_example(args)
+        sys.stderr.write(f"[no PROMPT given: the built-in airspace example]\n{args.prompt}\n\n")
     prompt = read_prompt(args.prompt)
     model, tokenizer = load(model_dir(args.model), args.device)
     return generate_text(model, tokenizer, args, prompt)

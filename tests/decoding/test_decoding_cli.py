@@ -77,5 +77,11 @@ def test_stdin_prompt_and_ar(checkpoint, capsys, monkeypatch):
 def test_errors_are_reported(checkpoint, capsys):
     code, _, err = run_cli(capsys, "hello", "--model", checkpoint, "--block-size", "3")
     assert code == 2 and "block_size=3 is invalid" in err
-    code, _, err = run_cli(capsys, "--model", checkpoint)
-    assert code == 2 and "no PROMPT given" in err
+    code, _, err = run_cli(capsys, "--model", str(checkpoint) + "-missing")
+    assert code == 2 and "missing" in err
+
+
+def test_no_prompt_runs_the_builtin_airspace_example(checkpoint, capsys):
+    code, _, err = run_cli(capsys, "--model", checkpoint, "--max-new-tokens", "8")
+    assert code == 0, err
+    assert "built-in airspace example" in err and "NOTICE" in err
