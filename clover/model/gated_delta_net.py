@@ -96,7 +96,8 @@ class GatedDeltaNet(nn.Module):
         mixed = F.silu(causal_conv(x_conv, context, weight)).transpose(1, 2)
         q, k, v = self._split_heads(mixed)
         beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        dtype = compute_dtype(a)
+        g = -self.A_log.to(dtype).exp() * F.softplus(a.to(dtype) + self.dt_bias)
         out, state = gated_delta_rule(q, k, v, g, beta, self.head_k_dim ** -0.5, state)
         full = torch.cat((context.to(x_conv.dtype), x_conv), dim=-1)
         # the last K-1 inputs (none if K=1); a copy, so the cache does not pin the whole prefill

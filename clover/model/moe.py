@@ -140,7 +140,8 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.zeros(config.num_experts, config.hidden_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight).float().softmax(-1)  # [N, E] fp32
+        logits = F.linear(x, self.weight)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(-1)  # [N, E] fp32
 
 
 class SparseMoeBlock(nn.Module):

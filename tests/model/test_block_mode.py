@@ -134,3 +134,20 @@ def test_block_mode_differs_from_causal_mode(model):
 def test_block_len_outside_the_input_is_refused(model):
     with pytest.raises(ValueError, match="block_len"):
         model(ids(1, 4), block_len=5)
+
+
+def test_c2_is_exact_in_fp64_and_fp32_is_within_1e4_of_it():
+    """In fp64 the cached block equals the uncached reference to rounding (the algebra agrees);
+    the fp32 block logits stay within 1e-4 of the fp64 ones."""
+    model = tiny_model(seed=2)
+    model64 = tiny_model(seed=2).double()
+    seq = ids(2, 20, seed=8)
+    seq[:, -8::2] = MASK
+    with torch.no_grad():
+        reference = model64(seq, block_len=8).logits[:, -8:]
+        cache = prefill(model64, seq[:, :-8])
+        cached = model64(seq[:, -8:], past_key_values=cache, block_len=8).logits
+        fp32 = model(seq, block_len=8).logits[:, -8:]
+    assert reference.dtype == torch.float64
+    torch.testing.assert_close(cached, reference, rtol=0, atol=1e-10)
+    torch.testing.assert_close(fp32.double(), reference, rtol=0, atol=1e-4)

@@ -50,8 +50,9 @@ def test_left_padding_does_not_change_any_row():
             torch.testing.assert_close(got[row:row + 1], want, rtol=0, atol=1e-5)
         for layer_b, layer_s in zip(batch_cache.layers, single_cache.layers):
             if hasattr(layer_b, "key"):  # attention: the row's real positions only
-                torch.testing.assert_close(layer_b.key[row:row + 1, :, width - n:], layer_s.key, rtol=0, atol=1e-5)
-                torch.testing.assert_close(layer_b.value[row:row + 1, :, width - n:], layer_s.value, rtol=0, atol=1e-5)
+                for name in ("key", "value"):
+                    torch.testing.assert_close(getattr(layer_b, name)[row:row + 1, :, width - n:],
+                                               getattr(layer_s, name), rtol=0, atol=1e-5)
             else:
                 for name in ("conv_state", "recurrent_state"):
                     torch.testing.assert_close(getattr(layer_b, name)[row:row + 1], getattr(layer_s, name),

@@ -1,5 +1,6 @@
-"""Expert dispatch and the block coreset (SPEC §5): grouped dispatch against the `naive_forward`
-twin (fp32: rtol=atol=1e-5 on outputs, rtol 1e-4 on gradients; only the summation order differs), and `coreset_keep` / `coreset_routing` properties."""
+"""Expert dispatch and the block coreset (SPEC §5): grouped dispatch (grouped_mm and loop paths)
+against the `naive_forward` twin (fp32: rtol=atol=1e-5 on outputs, rtol 1e-4 on gradients; only
+the summation order differs), and `coreset_keep` / `coreset_routing` properties."""
 
 import pytest
 import torch

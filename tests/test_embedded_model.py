@@ -1,0 +1,56 @@
+"""The embedded default model: shipped in the package, loadable as the model card shows."""
+
+import os
+import subprocess
+import sys
+
+import clover
+
+QUICK_START = """
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model_id = {model_id!r}
+tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained(
+    model_id, trust_remote_code=True, dtype=torch.bfloat16, device_map="cpu",
+).eval()
+
+messages = [{{"role": "user", "content": {content!r}}}]
+prompt = tokenizer.apply_chat_template(
+    messages, tokenize=False, add_generation_prompt=True, enable_thinking=True,
+)
+inputs = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").to("cpu")
+output = model.generate(
+    **inputs, max_new_tokens=24576, block_size=32, threshold=0.95, do_sample=False,
+)
+completion = output[0, inputs["input_ids"].shape[1]:]
+print(tokenizer.decode(completion, skip_special_tokens=True))
+import sys
+print("clover imported:", "clover" in sys.modules)
+"""
+
+
+def test_embedded_model_is_shipped_small_and_complete():
+    path = clover.default_model_dir()
+    names = {p.name for p in path.iterdir()}
+    for required in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                     "model.safetensors", "bd_gdn_conv_right_weight.safetensors",
+                     "bd_gdn_softmax_scalars.safetensors", "modeling_clover_moe.py"):
+        assert required in names, required
+    size = sum(p.stat().st_size for p in path.iterdir())
+    assert size <= 20 * 2**20, f"embedded model is {size / 2**20:.1f} MiB, limit 20 MiB"
+
+
+def test_model_card_quick_start_runs_without_importing_clover(tmp_path):
+    from clover.data import get_task
+
+    content = get_task("record").generate(seed=1, split="eval").prompt
+    script = QUICK_START.format(model_id=str(clover.default_model_dir()), content=content)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "clover imported: False" in result.stdout
+    assert "Flight" in result.stdout  # the record task's briefing
