@@ -23,29 +23,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from clover.model import CloverMoeConfig, CloverMoeForCausalLM  # noqa: E402
+from common import MID_CONFIG, mid_model, write_section  # noqa: E402
 
-CONFIG = dict(
-    vocab_size=32000, hidden_size=1024, num_hidden_layers=8, num_attention_heads=8,
-    num_key_value_heads=2, head_dim=128, linear_num_key_heads=8, linear_num_value_heads=16,
-    linear_key_head_dim=64, linear_value_head_dim=64, num_experts=64, num_experts_per_tok=8,
-    moe_intermediate_size=512, shared_expert_intermediate_size=512, mask_token_id=31999,
-    max_position_embeddings=8192,
-)
+CONFIG = dict(MID_CONFIG, max_position_embeddings=8192)
 MODES = [("block diffusion", 0.9), ("block diffusion", 0.95), ("block diffusion", 1.0), ("AR", None)]
-
-
-def build_model(head_scale: float, dtype: torch.dtype, device: str) -> CloverMoeForCausalLM:
-    torch.manual_seed(0)
-    model = CloverMoeForCausalLM(CloverMoeConfig(**CONFIG)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 2.0 / CONFIG["hidden_size"] ** 0.5)  # peaked routing, as trained
-            elif "conv_right_weight" in name:
-                p.normal_(0.0, 0.02)
-        model.lm_head.weight.mul_(head_scale)
-    return model.to(device=device, dtype=dtype)
 
 
 class ForwardTimer:
@@ -104,19 +85,6 @@ def table(results: list[tuple[str, float | None, dict]]) -> list[str]:
     return lines
 
 
-def write_section(path: Path, lines: list[str]) -> None:
-    """Replace (or append) the `## Decoding` section, leaving every other section as it is."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = "\n".join(["## Decoding", ""] + lines) + "\n"
-    start = text.find("\n## Decoding")
-    if start < 0:
-        path.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    end = text.find("\n## ", start + 1)
-    rest = "" if end < 0 else text[end:]
-    path.write_text(text[:start + 1] + section + rest)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=3)
@@ -131,7 +99,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
-    model = build_model(args.head_scale, dtype, args.device)
+    model = mid_model(CONFIG, dtype, args.device, head_scale=args.head_scale)
     timer = ForwardTimer(model)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 31000, (1, args.prompt_len), generator=gen).to(args.device)
@@ -151,7 +119,7 @@ def main() -> None:
              f"{args.head_scale:g} --threads {args.threads} --dtype {args.dtype}`", ""] + table(results)
     print("\n".join(lines))
     if args.write is not None:
-        write_section(args.write, lines)
+        write_section(args.write, "Decoding", lines)
 
 
 if __name__ == "__main__":

@@ -30,29 +30,13 @@ import torch  # noqa: E402
 from transformers import DynamicCache, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from clover.model import CloverMoeConfig, CloverMoeForCausalLM  # noqa: E402
+from common import MID_CONFIG, mid_model  # noqa: E402
 
-CONFIG = dict(
-    vocab_size=32000, hidden_size=1024, num_hidden_layers=8, num_attention_heads=8,
-    num_key_value_heads=2, head_dim=128, linear_num_key_heads=8, linear_num_value_heads=16,
-    linear_key_head_dim=64, linear_value_head_dim=64, num_experts=64, num_experts_per_tok=8,
-    moe_intermediate_size=512, shared_expert_intermediate_size=512, mask_token_id=31999,
-    max_position_embeddings=4096,
-)
+from clover.model import CloverMoeForCausalLM  # noqa: E402
+
+CONFIG = dict(MID_CONFIG, max_position_embeddings=4096)
 CONTEXT, BLOCK, PREFILL = 256, 32, 512
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def build_model(dtype: torch.dtype) -> CloverMoeForCausalLM:
-    torch.manual_seed(0)
-    model = CloverMoeForCausalLM(CloverMoeConfig(**CONFIG)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 2.0 / CONFIG["hidden_size"] ** 0.5)
-            elif "conv_right_weight" in name:
-                p.normal_(0.0, 0.02)
-    return model.to(dtype)
 
 
 def reference_model(model: CloverMoeForCausalLM) -> Qwen3_5MoeForCausalLM:
@@ -82,7 +66,7 @@ def median_ms(cases: dict, runs: int, warmup: int) -> dict:
 
 def bench_dtype(name: str, repeats: int, warmup: int) -> dict:
     dtype = DTYPES[name]
-    model = build_model(dtype)
+    model = mid_model(CONFIG, dtype)
     reference = reference_model(model)
     gen = torch.Generator().manual_seed(1)
     context = torch.randint(0, 31000, (1, CONTEXT), generator=gen)

@@ -35,6 +35,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import write_section  # noqa: E402
 
 RANDOM_CONFIG = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                      head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32,
@@ -252,19 +253,6 @@ def report(levels: list[dict], overhead: dict, setting: dict) -> list[str]:
     return lines
 
 
-def write_section(path: Path, lines: list[str]) -> None:
-    """Replace (or append) the `## Serving` section, leaving every other section as it is."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = "\n".join(["## Serving", ""] + lines) + "\n"
-    start = text.find("\n## Serving")
-    if start < 0:
-        path.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    end = text.find("\n## ", start + 1)
-    rest = "" if end < 0 else text[end:]
-    path.write_text(text[:start + 1] + section + rest)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="checkpoint dir (default: embedded, else a random model)")
@@ -314,7 +302,7 @@ def main() -> None:
     lines = report(levels, overhead, setting)
     print("\n".join(lines))
     if args.write:
-        write_section(args.write, lines)
+        write_section(args.write, "Serving", lines)
     print(json.dumps({"levels": [{k: v for k, v in lv.items() if k not in ("latencies", "ttfbs")}
                                  for lv in levels], **overhead}))
 

@@ -4,7 +4,6 @@ import json
 import resource
 
 import pytest
-import torch
 
 from clover.cli.main import main
 from clover.info import config_from_dir, count, layer_pattern, meta_model, model_info, preset_config

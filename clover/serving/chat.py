@@ -1,23 +1,19 @@
 """`POST /v1/chat/completions`: one response, or an SSE stream with a chunk per committed block."""
 
-import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .admission import ServerConfig, check_model, submit
 from .async_engine import RequestStream
-from .errors import ClientGone, internal
-from .lifecycle import DONE, RequestRecord, drain, outputs, sse, unless_disconnected, usage
+from .lifecycle import RequestRecord, event_stream, final_output, usage
 from .output import ChatParts, ChatView, ResponseText
 from .prompts import Prompt, chat_prompt
 from .runtime import Runtime
 from .schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
                       ChatCompletionRequest, ChatDelta, ToolCallDelta)
-
-
-log = logging.getLogger("clover.serve")
+from .sequence import RequestOutput
 
 
 def _finish_reason(parts: ChatParts, engine_reason: str) -> str:
@@ -35,15 +31,7 @@ async def create_chat_completion(raw: Request, req: ChatCompletionRequest, rt: R
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         events = chat_events(stream, prompt, text, view, record, req.model, include_usage)
         return StreamingResponse(events, media_type="text/event-stream")
-    try:
-        last = await unless_disconnected(raw, drain(stream, text))
-    except ClientGone:
-        stream.abort()
-        record.close(len(text.token_ids), 0, "abort")
-        raise
-    record.close(len(text.token_ids), last.num_forwards, last.finish_reason)
-    if last.error:
-        raise internal()
+    last = await final_output(raw, stream, text, record)
     parts = view.parts(prompt.forced_prefix + text.text, final=True)
     message = AssistantMessage(content=parts.content if parts.content.strip() else None,
                                reasoning_content=parts.reasoning, tool_calls=parts.tool_calls or None)
@@ -67,35 +55,24 @@ def _tool_call_deltas(parts: ChatParts) -> list[ToolCallDelta]:
             for i, c in enumerate(parts.tool_calls)]
 
 
-async def chat_events(stream: RequestStream, prompt: Prompt, text: ResponseText, view: ChatView,
-                      record: RequestRecord, model: str, include_usage: bool) -> AsyncIterator[str]:
-    rid, last = stream.request.request_id, None
-    try:
-        yield sse(_chunk(rid, model, ChatDelta(role="assistant", content="")))
-        async for last in outputs(stream, text):
-            if last.error:
-                yield sse({"error": internal().body()["error"]})
-                yield DONE
-                return
-            final = last.finished
-            d_reason, d_content, parts = view.delta(prompt.forced_prefix + text.safe(final), final)
-            calls = _tool_call_deltas(parts) if final and parts.tool_calls else None
-            quiet = "" if not (d_reason or calls) else None  # an empty chunk still marks the block
-            delta = ChatDelta(content=d_content or quiet, reasoning_content=d_reason or None, tool_calls=calls)
-            if d_content or d_reason or calls or not final:
-                yield sse(_chunk(rid, model, delta))
-            if final:
-                yield sse(_chunk(rid, model, ChatDelta(), _finish_reason(parts, last.finish_reason)))
-                if include_usage:
-                    yield sse(ChatCompletionChunk(id=rid, model=model, choices=[],
-                                                  usage=usage(prompt, text)).model_dump())
-                yield DONE
-    except Exception:  # noqa: BLE001 - end the stream in OpenAI's error shape, never a traceback
-        log.exception("stream of %s failed", rid)
-        record.close(len(text.token_ids), last.num_forwards if last else 0, "error")
-        yield sse({"error": internal().body()["error"]})
-        yield DONE
-    finally:
-        stream.abort()
-        reason = last.finish_reason if last is not None and last.finished else "abort"
-        record.close(len(text.token_ids), last.num_forwards if last else 0, reason)
+def chat_events(stream: RequestStream, prompt: Prompt, text: ResponseText, view: ChatView,
+                record: RequestRecord, model: str, include_usage: bool) -> AsyncIterator[str]:
+    rid = stream.request.request_id
+
+    def render(out: RequestOutput) -> Iterator[dict]:
+        final = out.finished
+        d_reason, d_content, parts = view.delta(prompt.forced_prefix + text.safe(final), final)
+        calls = _tool_call_deltas(parts) if final and parts.tool_calls else None
+        quiet = "" if not (d_reason or calls) else None  # an empty chunk still marks the block
+        delta = ChatDelta(content=d_content or quiet, reasoning_content=d_reason or None, tool_calls=calls)
+        if d_content or d_reason or calls or not final:
+            yield _chunk(rid, model, delta)
+        if final:
+            yield _chunk(rid, model, ChatDelta(), _finish_reason(parts, out.finish_reason))
+            if include_usage:
+                yield ChatCompletionChunk(id=rid, model=model, choices=[], usage=usage(prompt, text)).model_dump()
+
+    def opening() -> list[dict]:
+        return [_chunk(rid, model, ChatDelta(role="assistant", content=""))]
+
+    return event_stream(stream, text, record, opening, render)

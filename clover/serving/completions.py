@@ -1,21 +1,19 @@
 """`POST /v1/completions`: raw-prompt text completion, one response or an SSE stream."""
 
-import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .admission import ServerConfig, check_model, submit
 from .async_engine import RequestStream
-from .errors import ClientGone, bad_request, internal
-from .lifecycle import DONE, RequestRecord, drain, outputs, sse, unless_disconnected, usage
+from .errors import bad_request
+from .lifecycle import RequestRecord, event_stream, final_output, usage
 from .output import ResponseText
 from .prompts import Prompt, completion_prompt
 from .runtime import Runtime
 from .schemas import Completion, CompletionChoice, CompletionRequest
-
-log = logging.getLogger("clover.serve")
+from .sequence import RequestOutput
 
 
 async def create_completion(raw: Request, req: CompletionRequest, rt: Runtime, cfg: ServerConfig):
@@ -33,15 +31,7 @@ async def create_completion(raw: Request, req: CompletionRequest, rt: Runtime, c
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(completion_events(stream, prompt, text, record, req.model, include_usage, echo),
                                  media_type="text/event-stream")
-    try:
-        last = await unless_disconnected(raw, drain(stream, text))
-    except ClientGone:
-        stream.abort()
-        record.close(len(text.token_ids), 0, "abort")
-        raise
-    record.close(len(text.token_ids), last.num_forwards, last.finish_reason)
-    if last.error:
-        raise internal()
+    last = await final_output(raw, stream, text, record)
     choice = CompletionChoice(text=echo + text.text, finish_reason=last.finish_reason)
     return Completion(id=request.request_id, model=req.model, choices=[choice], usage=usage(prompt, text))
 
@@ -53,30 +43,16 @@ def _chunk(request_id: str, model: str, text: str, finish_reason: str | None = N
     return chunk
 
 
-async def completion_events(stream: RequestStream, prompt: Prompt, text: ResponseText, record: RequestRecord,
-                            model: str, include_usage: bool, echo: str) -> AsyncIterator[str]:
-    rid, sent, last = stream.request.request_id, "", None
-    try:
-        if echo:
-            yield sse(_chunk(rid, model, echo))
-        async for last in outputs(stream, text):
-            if last.error:
-                yield sse({"error": internal().body()["error"]})
-                yield DONE
-                return
-            safe = text.safe(last.finished)
-            delta, sent = safe[len(sent):], safe
-            yield sse(_chunk(rid, model, delta, last.finish_reason if last.finished else None))
-            if last.finished:
-                if include_usage:
-                    yield sse(Completion(id=rid, model=model, choices=[], usage=usage(prompt, text)).model_dump())
-                yield DONE
-    except Exception:  # noqa: BLE001 - end the stream in OpenAI's error shape, never a traceback
-        log.exception("stream of %s failed", rid)
-        record.close(len(text.token_ids), last.num_forwards if last else 0, "error")
-        yield sse({"error": internal().body()["error"]})
-        yield DONE
-    finally:
-        stream.abort()
-        reason = last.finish_reason if last is not None and last.finished else "abort"
-        record.close(len(text.token_ids), last.num_forwards if last else 0, reason)
+def completion_events(stream: RequestStream, prompt: Prompt, text: ResponseText, record: RequestRecord,
+                      model: str, include_usage: bool, echo: str) -> AsyncIterator[str]:
+    rid, sent = stream.request.request_id, ""
+
+    def render(out: RequestOutput) -> Iterator[dict]:
+        nonlocal sent
+        safe = text.safe(out.finished)
+        delta, sent = safe[len(sent):], safe
+        yield _chunk(rid, model, delta, out.finish_reason if out.finished else None)
+        if out.finished and include_usage:
+            yield Completion(id=rid, model=model, choices=[], usage=usage(prompt, text)).model_dump()
+
+    return event_stream(stream, text, record, lambda: [_chunk(rid, model, echo)] if echo else [], render)

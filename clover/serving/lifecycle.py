@@ -1,16 +1,17 @@
 """What every generation request shares after admission: draining engine outputs with stop
-strings, noticing a client that went away, SSE framing, and the one log line per request."""
+strings, noticing a client that went away, SSE framing and its error handling, and the one log
+line per request."""
 
 import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from fastapi import Request
 
 from .async_engine import RequestStream
-from .errors import ClientGone
+from .errors import ClientGone, internal
 from .metrics import ServingMetrics
 from .output import ResponseText
 from .prompts import Prompt
@@ -89,3 +90,50 @@ class RequestRecord:
         log.info("%s %s prompt_tokens=%d completion_tokens=%d forwards=%d latency=%.3fs finish=%s",
                  self.request_id, self.endpoint, self.prompt_tokens, completion_tokens, forwards, latency,
                  finish_reason)
+
+
+async def final_output(raw: Request, stream: RequestStream, text: ResponseText,
+                       record: RequestRecord) -> RequestOutput:
+    """A non-streamed request's last output, recorded. A client that goes away first aborts the
+    engine request (recorded as "abort", `ClientGone` raised); an engine failure raises a 500."""
+    try:
+        last = await unless_disconnected(raw, drain(stream, text))
+    except ClientGone:
+        stream.abort()
+        record.close(len(text.token_ids), 0, "abort")
+        raise
+    record.close(len(text.token_ids), last.num_forwards, last.finish_reason)
+    if last.error:
+        raise internal()
+    return last
+
+
+async def event_stream(stream: RequestStream, text: ResponseText, record: RequestRecord,
+                       opening: Callable[[], Iterable[dict]],
+                       render: Callable[[RequestOutput], Iterable[dict]]) -> AsyncIterator[str]:
+    """A streamed request's SSE events: the chunks of `opening()`, those of `render(out)` for each
+    engine output, then `[DONE]`. An engine error or an exception ends the stream in OpenAI's error
+    shape; in every case the engine request is aborted at the end and the request recorded once."""
+    rid, last = stream.request.request_id, None
+    try:
+        for chunk in opening():
+            yield sse(chunk)
+        async for last in outputs(stream, text):
+            if last.error:
+                yield sse({"error": internal().body()["error"]})
+                yield DONE
+                return
+            for chunk in render(last):
+                yield sse(chunk)
+            if last.finished:
+                yield DONE
+    except Exception:  # noqa: BLE001 - end the stream in OpenAI's error shape, never a traceback
+        log.exception("stream of %s failed", rid)
+        record.close(len(text.token_ids), last.num_forwards if last else 0, "error")
+        yield sse({"error": internal().body()["error"]})
+        yield DONE
+    finally:
+        stream.abort()
+        reason = last.finish_reason if last is not None and last.finished else "abort"
+        record.close(len(text.token_ids), last.num_forwards if last else 0, reason)
+

@@ -33,10 +33,10 @@ class Runtime:
         return self.model_config.vocab_size
 
     @classmethod
-    def from_objects(cls, model, tokenizer, config: EngineConfig = EngineConfig(),
+    def from_objects(cls, model, tokenizer, config: EngineConfig | None = None,
                      metrics: ServingMetrics | None = None) -> "Runtime":
         """Start an engine over an in-memory model and tokenizer (tests, benchmarks)."""
-        engine = Engine(model, tokenizer, config, metrics).start()
+        engine = Engine(model, tokenizer, EngineConfig() if config is None else config, metrics).start()
         return cls(engine, AsyncEngine(engine), tokenizer, server_defaults(model, tokenizer), model.config)
 
     def shutdown(self) -> None:

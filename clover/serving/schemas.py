@@ -140,11 +140,18 @@ class ChatChoice(BaseModel):
     logprobs: None = None
 
 
-class ChatCompletion(BaseModel):
+class _CompletionObject(BaseModel):
+    """The head OpenAI's completion objects share; each narrows `object` to its own literal (a
+    narrowed field keeps its place, so the JSON keys stay in OpenAI's order: id, object, created, ...)."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
+    object: str
     created: int = Field(default_factory=now)
     model: str
+
+
+class ChatCompletion(_CompletionObject):
+    object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
 
@@ -170,11 +177,8 @@ class ChatChunkChoice(BaseModel):
     logprobs: None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_CompletionObject):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=now)
-    model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
 
@@ -186,11 +190,8 @@ class CompletionChoice(BaseModel):
     logprobs: None = None
 
 
-class Completion(BaseModel):
-    id: str
+class Completion(_CompletionObject):
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=now)
-    model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
 

@@ -4,7 +4,6 @@ and a server on a free loopback port (uvicorn in a thread of the test process)."
 import socket
 import threading
 import time
-from pathlib import Path
 
 import torch
 import uvicorn

@@ -1,0 +1,49 @@
+"""What the benchmarks share: the mid-size random Clover that `decode.py` and `forward.py` time, and
+the rewrite of one section of BENCHMARKS.md. Imported as `common` (a benchmark's own folder is on
+`sys.path` when it runs as `python benchmarks/NAME.py`); torch and clover load only when a model is
+built, so importing this costs nothing."""
+
+from pathlib import Path
+
+# hidden 1024, 8 layers of 3 GDN + 1 attention, 64 experts top-8, vocab 32k; each benchmark adds
+# its `max_position_embeddings`
+MID_CONFIG = dict(
+    vocab_size=32000, hidden_size=1024, num_hidden_layers=8, num_attention_heads=8,
+    num_key_value_heads=2, head_dim=128, linear_num_key_heads=8, linear_num_value_heads=16,
+    linear_key_head_dim=64, linear_value_head_dim=64, num_experts=64, num_experts_per_tok=8,
+    moe_intermediate_size=512, shared_expert_intermediate_size=512, mask_token_id=31999,
+)
+
+
+def mid_model(config: dict, dtype, device="cpu", head_scale: float | None = None):
+    """A random Clover of `config` in eval mode (seed 0). Router weights get std 2/sqrt(hidden):
+    peaked routing, as in trained routers; the right-conv weights (zero at init) std 0.02. With
+    `head_scale`, the lm_head is scaled up so that output distributions are peaked."""
+    import torch
+
+    from clover.model import CloverMoeConfig, CloverMoeForCausalLM
+
+    torch.manual_seed(0)
+    model = CloverMoeForCausalLM(CloverMoeConfig(**config)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 2.0 / config["hidden_size"] ** 0.5)
+            elif "conv_right_weight" in name:
+                p.normal_(0.0, 0.02)
+        if head_scale is not None:
+            model.lm_head.weight.mul_(head_scale)
+    return model.to(device=device, dtype=dtype)
+
+
+def write_section(path: Path, title: str, lines: list[str]) -> None:
+    """Replace (or append) the `## {title}` section of `path`, leaving every other section as it is."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    section = "\n".join([f"## {title}", ""] + lines) + "\n"
+    start = text.find(f"\n## {title}")
+    if start < 0:
+        path.write_text(text.rstrip("\n") + "\n\n" + section)
+        return
+    end = text.find("\n## ", start + 1)
+    rest = "" if end < 0 else text[end:]
+    path.write_text(text[:start + 1] + section + rest)
