@@ -25,6 +25,13 @@ def generation_config(config, eos_ids: tuple[int, ...], pad_id: int, block_size:
             "max_new_tokens": min(GENERATION_DEFAULTS["max_new_tokens"], config.max_position_embeddings // 2)}
 
 
+def think_token_ids(tokenizer) -> dict:
+    """`<think>` / `</think>` ids for the think-end bias (SPEC §6), when the tokenizer has them."""
+    vocab = tokenizer.get_vocab()
+    names = (("think_start_token_id", "<think>"), ("think_end_token_id", "</think>"))
+    return {name: vocab[token] for name, token in names if token in vocab}
+
+
 def write_generation_config(directory: Path, values: dict) -> None:
     """Merge `values` into an existing generation_config.json (the model may write one)."""
     path = directory / "generation_config.json"
@@ -46,6 +53,8 @@ def export_checkpoint(model, directory: str | Path, eos_ids: tuple[int, ...], pa
     else:
         model.save_pretrained(directory)
     values = {**generation_config(model.config, eos_ids, pad_id, block_size), **(generation or {})}
+    if tokenizer is not None:
+        values |= think_token_ids(tokenizer)
     write_generation_config(directory, values)
     if tokenizer is not None:
         from clover.data.tokenizer import save_tokenizer

@@ -1,0 +1,78 @@
+"""Gated full attention (Qwen3.5): causal over the prefix, bidirectional inside the block."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import AttentionLayerCache
+from .norms import RMSNorm
+from .rope import apply_rotary
+
+
+def prefix_block_mask(key_is_real: torch.Tensor, num_new: int, block_len: int) -> torch.Tensor:
+    """Boolean visibility [B, 1, T_new, T_key] for T_new new tokens after T_key - T_new cached ones.
+
+    New token i sits at key index P + i. It sees real keys j <= P + i (causal); the last `block_len`
+    new tokens also see each other (the bidirectional block). Every query sees itself, so padding
+    rows stay finite.
+    """
+    t_key = key_is_real.shape[1]
+    past = t_key - num_new
+    q_idx = torch.arange(num_new, device=key_is_real.device)[:, None] + past
+    k_idx = torch.arange(t_key, device=key_is_real.device)[None, :]
+    in_block = q_idx >= t_key - block_len
+    visible = (k_idx <= q_idx) | (in_block & (k_idx >= t_key - block_len))
+    visible = (visible[None] & key_is_real[:, None, :]) | (k_idx == q_idx)[None]
+    return visible[:, None]
+
+
+def naive_attention(q, k, v, mask, scale):
+    """Reference twin of `F.scaled_dot_product_attention` with GQA: q [B,H,T,D], k/v [B,Hkv,S,D]."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ v.float()).to(q.dtype)
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.scale = self.head_dim ** -0.5
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim * 2, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def forward(self, x, rotary, key_is_real, cache: AttentionLayerCache | None, block_len: int,
+                num_causal: int):
+        """x [B, T, hidden]; key_is_real [B, T_cache + T]. The first `num_causal` tokens are appended
+        to `cache`; the block's keys are used for this call only."""
+        b, t, _ = x.shape
+        q_gate = self.q_proj(x).view(b, t, self.num_heads, 2 * self.head_dim)
+        query, gate = q_gate.chunk(2, dim=-1)  # [B, T, H, D] each
+        gate = gate.reshape(b, t, -1)
+        query = self.q_norm(query).transpose(1, 2)  # [B, H, T, D]
+        key = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        value = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rotary
+        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+
+        if cache is None:
+            keys, values = key, value
+        else:
+            past = cache.length
+            keys, values = cache.read(key, value)
+            if num_causal:
+                cache.keep(keys, values, past + num_causal)
+        mask = prefix_block_mask(key_is_real, t, block_len)
+        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=self.scale,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        out = out.transpose(1, 2).reshape(b, t, -1)
+        return self.o_proj(out * torch.sigmoid(gate))

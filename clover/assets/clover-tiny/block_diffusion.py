@@ -1,0 +1,165 @@
+"""Low-confidence block diffusion (SPEC §4), batched: `denoise_step`, `block_status`,
+`commit_block` and the step generator `block_diffusion_steps`.
+
+Batching design (synchronous blocks): every active row works on the same block index. Each
+forward denoises every row's current block; a row whose block is complete waits, unchanged, until
+every row's block is complete (its logits are ignored: a full block has no masked position, so
+extra steps cannot change it). Then all rows commit together, fused with the first denoising step
+of the next block. A row that finishes (first EOS, or `max_new_tokens`) leaves the batch at once.
+Each row's tokens therefore depend only on its own prompt (C4).
+
+Per step there is one small host sync (which rows are done); nothing loops over positions.
+"""
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from .confidence import predict_with_confidence
+from .controls import (ControlContext, apply_processors, last_marker_state, slot_think_open, think_markers,
+                       token_counts)
+from .decode_batch import DecodeBatch, forward, prefill, start_batch
+from .events import BlockEvent, DoneEvent, RunLog, StepEvent
+
+
+class DenoiseResult(NamedTuple):
+    block: torch.Tensor  # [A, B] after the step; mask id where still masked
+    filled: torch.Tensor  # [A, B] bool: positions this step filled
+
+
+@dataclass
+class BlockStatus:
+    done: torch.Tensor  # [A] bool: the block needs no more steps
+    has_eos: torch.Tensor  # [A] bool: it ends the response with an EOS
+    length: torch.Tensor  # [A] long: response tokens it contributes
+
+
+def control_context(batch: DecodeBatch, block: torch.Tensor, masked: torch.Tensor, start: int,
+                    cfg) -> ControlContext:
+    """History = committed tokens + the block's filled positions; slots sit at response positions
+    start .. start + B - 1."""
+    filled = ~masked
+    counts = batch.counts + token_counts(block.masked_fill(masked, 0), filled, batch.counts.shape[1])
+    positions = torch.arange(start, start + block.shape[1], device=block.device)
+    think_open = None
+    if batch.think_open is not None:
+        markers = think_markers(block, filled, cfg.think_start_token_id, cfg.think_end_token_id)
+        think_open = slot_think_open(markers, batch.think_open)
+    return ControlContext(counts, positions, think_open)
+
+
+def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, start: int, limit: int,
+                 cfg, processors: list, mask_id: int, generator=None) -> DenoiseResult:
+    """One low-confidence step on the logits [A, B, V] of the blocks [A, B].
+
+    Fills every masked position before `limit` whose confidence exceeds the threshold, or else the
+    single most confident one (so every step advances)."""
+    masked = block == mask_id
+    idx = torch.arange(block.shape[1], device=block.device)
+    candidate = masked & (idx < limit)
+    logits = logits.float()
+    logits[..., mask_id] = float("-inf")
+    logits = apply_processors(processors, logits, control_context(batch, block, masked, start, cfg))
+    tokens, confidence = predict_with_confidence(logits, cfg.do_sample, cfg.temperature, cfg.top_k,
+                                                 cfg.top_p, generator)
+    confidence = confidence.masked_fill(~candidate, -1.0)
+    fill = candidate & (confidence > cfg.threshold)
+    fallback = candidate.any(-1) & ~fill.any(-1)
+    fill |= (idx == confidence.argmax(-1, keepdim=True)) & fallback[:, None]
+    return DenoiseResult(torch.where(fill, tokens, block), fill)
+
+
+def block_status(block: torch.Tensor, limit: int, mask_id: int, eos: torch.Tensor) -> BlockStatus:
+    """A block is done when an EOS is filled with every position before it filled (the response
+    ends there), or when every position before `limit` is filled."""
+    idx = torch.arange(block.shape[1], device=block.device)
+    masked = (block == mask_id) & (idx < limit)
+    first_mask = torch.where(masked.any(-1), masked.int().argmax(-1), limit)
+    is_eos = torch.isin(block, eos) & (idx < first_mask[:, None])
+    has_eos = is_eos.any(-1)
+    length = torch.where(has_eos, is_eos.int().argmax(-1) + 1, limit)
+    return BlockStatus(has_eos | (first_mask >= limit), has_eos, length)
+
+
+def commit_block(model, batch: DecodeBatch, block: torch.Tensor, cfg, log: RunLog, mask_id: int):
+    """Append a finished block to the cache (causal) and return the next block's first logits.
+    Fused: one forward over [block, B masks] with block_len=B; unfused: two forwards (C3)."""
+    size = block.shape[1]
+    masks = torch.full_like(block, mask_id)
+    filled = torch.ones_like(block, dtype=torch.bool)
+    batch.counts = batch.counts + token_counts(block, filled, batch.counts.shape[1])
+    if batch.think_open is not None:
+        markers = think_markers(block, filled, cfg.think_start_token_id, cfg.think_end_token_id)
+        batch.think_open = last_marker_state(markers, batch.think_open)
+    if cfg.fuse_commit:
+        return forward(model, batch, torch.cat((block, masks), dim=1), size, size, cfg, log)
+    forward(model, batch, block, 0, 1, cfg, log)
+    return forward(model, batch, masks, size, size, cfg, log)
+
+
+def first_block_logits(model, batch, input_ids, attention_mask, cfg, log, mask_id):
+    """Prefill, then the first denoising forward (fused into the last prefill chunk by default)."""
+    size = cfg.block_size
+    masks = torch.full((input_ids.shape[0], size), mask_id, dtype=torch.long, device=input_ids.device)
+    if cfg.fuse_commit:
+        return prefill(model, batch, input_ids, attention_mask, cfg, log, tail=masks, tail_block_len=size)
+    prefill(model, batch, input_ids, attention_mask, cfg, log)
+    return forward(model, batch, masks, size, size, cfg, log)
+
+
+def settle_rows(log: RunLog, batch: DecodeBatch, block, status: BlockStatus, waiting: list[bool], k: int,
+                start: int, last_block: bool):
+    """Record the rows whose block completed at this step and yield their `BlockEvent`s. Returns
+    the indices of the rows that stay (unfinished); `waiting` is updated in place."""
+    done, has_eos, length = torch.stack((status.done, status.has_eos, status.length)).tolist()
+    keep = []
+    for i, row in enumerate(batch.rows):
+        if not waiting[i]:
+            log.rows[row].steps_per_block[k] += 1
+        if waiting[i] or not done[i]:
+            keep.append(i)
+            continue
+        finished = bool(has_eos[i]) or last_block
+        log.write([row], start, block[i:i + 1])
+        log.rows[row].new_tokens += length[i]
+        if finished:
+            log.rows[row].stop_reason = "eos" if has_eos[i] else "length"
+        else:
+            waiting[i] = True
+            keep.append(i)
+        yield BlockEvent(row, k, block[i, :length[i]], finished)
+    return keep
+
+
+def block_diffusion_steps(model, input_ids, attention_mask, cfg, processors, generator=None):
+    """Yield a `StepEvent` per denoising forward, a `BlockEvent` per finished block of a row and,
+    last, a `DoneEvent` with the `GenerateOutput`."""
+    mask_id, size = model.config.mask_token_id, cfg.block_size
+    eos = torch.tensor(cfg.eos_token_id, dtype=torch.long, device=input_ids.device)
+    num_blocks = -(-cfg.max_new_tokens // size)
+    log = RunLog(input_ids.shape[0], num_blocks * size, cfg.pad_id, input_ids.device)
+    batch = start_batch(model, input_ids, attention_mask, cfg)
+    logits = first_block_logits(model, batch, input_ids, attention_mask, cfg, log, mask_id)
+    for k in range(num_blocks):
+        start, limit = k * size, min(size, cfg.max_new_tokens - k * size)
+        block = torch.full((len(batch.rows), size), mask_id, dtype=torch.long, device=input_ids.device)
+        waiting = [False] * len(batch.rows)
+        for row in batch.rows:
+            log.rows[row].steps_per_block.append(0)
+        while True:
+            step = denoise_step(logits, block, batch, start, limit, cfg, processors, mask_id, generator)
+            block = step.block
+            yield StepEvent(list(batch.rows), k, block, step.filled)
+            status = block_status(block, limit, mask_id, eos)
+            keep = yield from settle_rows(log, batch, block, status, waiting, k, start, k == num_blocks - 1)
+            if len(keep) < len(batch.rows):
+                batch, block = batch.select(keep), block[keep]
+                waiting[:] = [waiting[i] for i in keep]
+            if not batch.rows or all(waiting):
+                break
+            logits = forward(model, batch, block, size, size, cfg, log)  # waiting rows ride along
+        if not batch.rows:
+            break
+        logits = commit_block(model, batch, block, cfg, log, mask_id)
+    yield DoneEvent(log.output(input_ids))

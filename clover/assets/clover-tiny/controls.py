@@ -1,0 +1,138 @@
+"""Generation controls (SPEC §6) as small logits processors, applied in order.
+
+Each processor is a callable `(logits [N, L, V], ctx: ControlContext) -> logits` over N rows and L
+slots (the block positions being predicted; L = 1 for AR decoding). The history is the generated
+response only: committed tokens plus positions already filled in the current block, counted per
+row in `ctx.counts`. Everything is vectorised over rows, slots and vocabulary.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ControlContext:
+    counts: torch.Tensor  # [N, V] float: occurrences of each token in the row's response history
+    positions: torch.Tensor  # [L] response position n (0-based) of each slot, shared by all rows
+    think_open: torch.Tensor | None = None  # [N, L] bool: thinking open before the slot
+
+
+def ramp(positions: torch.Tensor, start: int, window: int) -> torch.Tensor:
+    """clamp((n - start) / window, 0, 1); a window <= 0 is a step at `start`."""
+    n = positions.float()
+    if window <= 0:
+        return (n >= start).float()
+    return ((n - start) / window).clamp(0.0, 1.0)
+
+
+class RepetitionPenalty:
+    """A positive logit of a seen token is divided by r, a negative one multiplied by r."""
+
+    def __init__(self, penalty: float):
+        self.penalty = penalty
+
+    def __call__(self, logits, ctx):
+        seen = (ctx.counts > 0)[:, None, :]  # [N, 1, V]
+        penalised = torch.where(logits > 0, logits / self.penalty, logits * self.penalty)
+        return torch.where(seen, penalised, logits)
+
+
+class FrequencyPresencePenalty:
+    """logit -= f·count + p·[count > 0]."""
+
+    def __init__(self, frequency: float, presence: float):
+        self.frequency, self.presence = frequency, presence
+
+    def __call__(self, logits, ctx):
+        penalty = self.frequency * ctx.counts + self.presence * (ctx.counts > 0).to(ctx.counts.dtype)
+        return logits - penalty[:, None, :].to(logits.dtype)
+
+
+class LengthPenalty:
+    """Adds L·ramp(n) to every EOS logit, encouraging the answer to end past `start`."""
+
+    def __init__(self, weight: float, start: int, window: int, eos_ids: tuple[int, ...]):
+        self.weight, self.start, self.window = weight, start, window
+        self.eos_ids = list(eos_ids)
+
+    def __call__(self, logits, ctx):
+        bonus = self.weight * ramp(ctx.positions, self.start, self.window).to(logits.device)  # [L]
+        logits = logits.clone()
+        logits[:, :, self.eos_ids] += bonus[None, :, None].to(logits.dtype)
+        return logits
+
+
+class ThinkEndBias:
+    """While thinking is open, adds T·ramp(n) to the `</think>` logit."""
+
+    def __init__(self, bias: float, start: int, window: int, think_end_id: int):
+        self.bias, self.start, self.window = bias, start, window
+        self.think_end_id = think_end_id
+
+    def __call__(self, logits, ctx):
+        if ctx.think_open is None:
+            return logits
+        bonus = self.bias * ramp(ctx.positions, self.start, self.window).to(logits.device)  # [L]
+        logits = logits.clone()
+        logits[:, :, self.think_end_id] += (bonus[None, :] * ctx.think_open.to(bonus.dtype)).to(logits.dtype)
+        return logits
+
+
+def make_logits_processors(cfg) -> list:
+    """The active controls of a `DecodeConfig`, in SPEC order; controls at their neutral value are
+    left out, and the think-end bias needs both think token ids."""
+    processors = []
+    if cfg.repetition_penalty != 1.0:
+        processors.append(RepetitionPenalty(cfg.repetition_penalty))
+    if cfg.frequency_penalty or cfg.presence_penalty:
+        processors.append(FrequencyPresencePenalty(cfg.frequency_penalty, cfg.presence_penalty))
+    if cfg.dllm_length_penalty and cfg.eos_token_id:
+        processors.append(LengthPenalty(cfg.dllm_length_penalty, cfg.dllm_length_penalty_start,
+                                        cfg.dllm_length_penalty_window, cfg.eos_token_id))
+    if cfg.dllm_think_end_bias and uses_think(cfg):
+        processors.append(ThinkEndBias(cfg.dllm_think_end_bias, cfg.dllm_think_end_start,
+                                       cfg.dllm_think_end_window, cfg.think_end_token_id))
+    return processors
+
+
+def uses_think(cfg) -> bool:
+    return cfg.think_start_token_id is not None and cfg.think_end_token_id is not None
+
+
+def apply_processors(processors: list, logits: torch.Tensor, ctx: ControlContext) -> torch.Tensor:
+    for processor in processors:
+        logits = processor(logits, ctx)
+    return logits
+
+
+# --- history bookkeeping ---------------------------------------------------------------------
+
+def token_counts(tokens: torch.Tensor, weights: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """tokens [N, L], weights [N, L] (1 where the token counts) -> counts [N, V] via scatter_add."""
+    counts = torch.zeros(tokens.shape[0], vocab_size, dtype=torch.float, device=tokens.device)
+    return counts.scatter_add_(1, tokens, weights.float())
+
+
+def think_markers(tokens: torch.Tensor, valid: torch.Tensor, start_id: int, end_id: int) -> torch.Tensor:
+    """+1 at a valid `<think>`, -1 at a valid `</think>`, 0 elsewhere. tokens, valid [N, L]."""
+    markers = (tokens == start_id).long() - (tokens == end_id).long()
+    return markers * valid.long()
+
+
+def last_marker_state(markers: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """Thinking open after a span: the last nonzero marker decides, else the state `before` [N]."""
+    idx = torch.arange(markers.shape[1], device=markers.device)
+    last = torch.where(markers != 0, idx, -1).amax(-1)  # [N]
+    value = markers.gather(1, last.clamp(min=0)[:, None]).squeeze(1)
+    return torch.where(last >= 0, value > 0, before)
+
+
+def slot_think_open(markers: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """Thinking open before each slot j of a block: the last marker at a position < j decides,
+    else the state `before` [N]. markers [N, L] -> [N, L] bool."""
+    idx = torch.arange(markers.shape[1], device=markers.device)
+    last_upto = torch.where(markers != 0, idx, -1).cummax(-1).values  # last marker at <= j
+    last_before = torch.cat((last_upto.new_full((markers.shape[0], 1), -1), last_upto[:, :-1]), dim=1)
+    value = markers.gather(1, last_before.clamp(min=0))
+    return torch.where(last_before >= 0, value > 0, before[:, None])

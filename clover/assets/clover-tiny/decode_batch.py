@@ -1,0 +1,80 @@
+"""The state of the rows still decoding, and the forwards every decoder shares (chunked prefill).
+
+Contract: a `DecodeBatch` owns its `CloverCache`; `forward` appends the causal tokens of its input
+to the cache and to `attention_mask` (block tokens are seen for this call only). `select` keeps a
+subset of rows (finished rows stop costing compute).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from .cache import CloverCache
+from .controls import last_marker_state, think_markers, uses_think
+from .events import RunLog
+
+
+@dataclass
+class DecodeBatch:
+    rows: list[int]  # original batch row of each active row
+    cache: CloverCache
+    attention_mask: torch.Tensor  # [A, cached]: 1 on real cached positions, 0 on left padding
+    counts: torch.Tensor  # [A, V] float: committed response tokens of each row
+    think_open: torch.Tensor | None  # [A] bool: thinking open after prompt + committed response
+
+    def select(self, keep: list[int]) -> "DecodeBatch":
+        """Keep active rows `keep` (indices into this batch)."""
+        index = torch.tensor(keep, dtype=torch.long, device=self.attention_mask.device)
+        return DecodeBatch(
+            rows=[self.rows[i] for i in keep], cache=self.cache.select_rows(index),
+            attention_mask=self.attention_mask.index_select(0, index),
+            counts=self.counts.index_select(0, index),
+            think_open=None if self.think_open is None else self.think_open.index_select(0, index))
+
+
+def forward(model, batch: DecodeBatch, input_ids: torch.Tensor, block_len: int, logits_to_keep: int,
+            cfg, log: RunLog, prefill: bool = False, input_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One model forward over the active rows; returns logits [A, logits_to_keep, V].
+    `input_mask` [A, T] marks the real new tokens (default: all real)."""
+    if input_mask is None:
+        input_mask = batch.attention_mask.new_ones(input_ids.shape)
+    mask = torch.cat((batch.attention_mask, input_mask.to(batch.attention_mask.dtype)), dim=1)
+    out = model(input_ids, attention_mask=mask, past_key_values=batch.cache, block_len=block_len,
+                logits_to_keep=logits_to_keep, use_coreset=cfg.use_coreset,
+                coreset_top_p=cfg.coreset_top_p)
+    batch.attention_mask = mask[:, :mask.shape[1] - block_len]
+    log.forward(batch.rows, prefill=prefill)
+    return out.logits
+
+
+def start_batch(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg) -> DecodeBatch:
+    """An empty-cache batch of all rows, with the prompt's thinking state."""
+    n = input_ids.shape[0]
+    think_open = None
+    if uses_think(cfg):
+        markers = think_markers(input_ids, attention_mask.bool(), cfg.think_start_token_id,
+                                cfg.think_end_token_id)
+        think_open = last_marker_state(markers, torch.zeros(n, dtype=torch.bool, device=input_ids.device))
+    counts = torch.zeros(n, model.config.vocab_size, dtype=torch.float, device=input_ids.device)
+    return DecodeBatch(list(range(n)), model.new_cache(), attention_mask[:, :0].long(), counts, think_open)
+
+
+def prefill(model, batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tensor, cfg,
+            log: RunLog, tail: torch.Tensor | None = None, tail_block_len: int = 0,
+            last_is_prefill: bool = True) -> torch.Tensor:
+    """Causal prefill in chunks of `cfg.prefill_chunk_size` tokens, so attention never sees more
+    than chunk × total positions at once. `tail` (e.g. the first block of masks) is appended to the
+    last chunk's forward with `tail_block_len`; returns the logits of the last forward's last
+    `max(1, tail_block_len)` positions. A forward counts as a prefill forward unless it also
+    produces tokens (a fused tail, or `last_is_prefill=False` when its last logit is used)."""
+    chunk = cfg.prefill_chunk_size
+    starts = list(range(0, input_ids.shape[1], chunk))
+    for s in starts[:-1]:
+        forward(model, batch, input_ids[:, s:s + chunk], 0, 1, cfg, log, prefill=True,
+                input_mask=prompt_mask[:, s:s + chunk])
+    last, last_mask = input_ids[:, starts[-1]:], prompt_mask[:, starts[-1]:]
+    if tail is not None:
+        last = torch.cat((last, tail), dim=1)
+        last_mask = torch.cat((last_mask, torch.ones_like(tail)), dim=1)
+    return forward(model, batch, last, tail_block_len, max(1, tail_block_len), cfg, log,
+                   prefill=tail is None and last_is_prefill, input_mask=last_mask)

@@ -1,0 +1,162 @@
+"""`CloverMoeForCausalLM`: embed -> decoder layers (GDN or gated attention, then MoE) -> norm -> head.
+
+Forward contract (SPEC §3.3): the last `block_len` tokens of `input_ids` form a block (block mode:
+bidirectional inside the block, predicts the token at each position itself); every token before
+them runs causally (predicts the next token) and is appended to `past_key_values` when given.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.utils import ModelOutput
+
+from .attention import GatedAttention
+from .cache import CloverCache
+from .checkpoint_io import CheckpointMixin
+from .configuration_clover_moe import CloverMoeConfig
+from .gated_delta_net import GatedDeltaNet
+from .generation import BlockDiffusionGenerationMixin
+from .moe import SparseMoeBlock
+from .norms import RMSNorm
+from .rope import RotaryEmbedding
+
+
+@dataclass
+class CloverOutput(ModelOutput):
+    logits: torch.Tensor | None = None  # [B, T_kept, vocab]
+    past_key_values: CloverCache | None = None
+    distinct_experts: torch.Tensor | None = None  # [num_layers, B]: experts the block used (block mode)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: CloverMoeConfig, layer_idx: int):
+        super().__init__()
+        self.kind = config.layer_types[layer_idx]
+        if self.kind == "linear_attention":
+            self.linear_attn = GatedDeltaNet(config)
+        else:
+            self.self_attn = GatedAttention(config)
+        self.mlp = SparseMoeBlock(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, x, rotary, key_is_real, cache, block_len, coreset_top_p):
+        t = x.shape[1]
+        h = self.input_layernorm(x)
+        if self.kind == "linear_attention":
+            h = self.linear_attn(h, key_is_real[:, -t:], cache, block_len)
+        else:
+            h = self.self_attn(h, rotary, key_is_real, cache, block_len, t - block_len)
+        x = x + h
+        h, counts = self.mlp(self.post_attention_layernorm(x), block_len, coreset_top_p)
+        return x + h, counts
+
+
+class CloverMoePreTrainedModel(PreTrainedModel):
+    config_class = CloverMoeConfig
+    config: CloverMoeConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["DecoderLayer"]
+    _keys_to_ignore_on_load_unexpected = [r"^mtp.*"]
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            module.weight.normal_(0.0, std)
+            if getattr(module, "bias", None) is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.Conv1d):
+            module.weight.normal_(0.0, std)
+        elif isinstance(module, RMSNorm):
+            module.weight.zero_()
+        elif isinstance(module, GatedDeltaNet):
+            module.dt_bias.fill_(1.0)
+            module.A_log.copy_(torch.empty_like(module.A_log).uniform_(0.01, 16).log())
+            module.conv_right_weight.zero_()
+            module.logit_scale.fill_(module.head_k_dim ** 0.5)
+            module.history_bias.zero_()
+            module.history_c.fill_(1.0)
+        elif hasattr(module, "gate_up_proj"):
+            module.gate_up_proj.normal_(0.0, std)
+            module.down_proj.normal_(0.0, std)
+        elif module.__class__.__name__ == "Router":
+            module.weight.normal_(0.0, std)
+        elif module.__class__.__name__ == "RMSNormGated":
+            module.weight.fill_(1.0)
+
+
+class CloverMoeModel(CloverMoePreTrainedModel):
+    def __init__(self, config: CloverMoeConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        rope = config.rope_parameters
+        self.rotary_emb = RotaryEmbedding(config.head_dim, rope.get("partial_rotary_factor", 1.0),
+                                          rope["rope_theta"])
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, past_key_values=None, block_len=0,
+                position_ids=None, coreset_top_p=None):
+        bsz, t = input_ids.shape
+        past = 0 if past_key_values is None else past_key_values.get_seq_length()
+        if attention_mask is None:
+            attention_mask = torch.ones(bsz, past + t, dtype=torch.long, device=input_ids.device)
+        if attention_mask.shape[1] != past + t:
+            raise ValueError(f"attention_mask covers {attention_mask.shape[1]} positions; expected "
+                             f"cached {past} + new {t} = {past + t}")
+        key_is_real = attention_mask.bool()
+        if position_ids is None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]
+        x = self.embed_tokens(input_ids)
+        rotary = self.rotary_emb(position_ids, x.dtype)
+        caches = [None] * len(self.layers) if past_key_values is None else past_key_values.layers
+        counts = []
+        for layer, cache in zip(self.layers, caches):
+            x, c = layer(x, rotary, key_is_real, cache, block_len, coreset_top_p)
+            counts.append(c)
+        if past_key_values is not None:
+            past_key_values.seq_length += t - block_len
+        experts = torch.stack(counts) if block_len else None
+        return self.norm(x), experts
+
+
+class CloverMoeForCausalLM(CheckpointMixin, BlockDiffusionGenerationMixin, CloverMoePreTrainedModel):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: CloverMoeConfig):
+        super().__init__(config)
+        self.model = CloverMoeModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def new_cache(self) -> CloverCache:
+        return CloverCache(self.config.layer_types)
+
+    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+                past_key_values: CloverCache | None = None, use_cache: bool | None = None,
+                block_len: int | None = None, position_ids: torch.LongTensor | None = None,
+                logits_to_keep: int = 0, use_coreset: bool | None = None,
+                coreset_top_p: float | None = None, **kwargs) -> CloverOutput:
+        """input_ids [B, T]; attention_mask [B, cached + T] (0 on left padding).
+
+        `use_cache=True` without a cache starts one. `logits_to_keep=n` computes logits for the last
+        n positions only (0 = all). The coreset applies to block tokens when enabled in the config
+        (or by `use_coreset`); `coreset_top_p` overrides the config's mass."""
+        block_len = int(block_len or 0)
+        if not 0 <= block_len <= input_ids.shape[1]:
+            raise ValueError(f"block_len={block_len} must be in [0, {input_ids.shape[1]}] (input length)")
+        if use_cache and past_key_values is None:
+            past_key_values = self.new_cache()
+        enabled = self.config.moe_block_coreset_enabled if use_coreset is None else use_coreset
+        top_p = (coreset_top_p or self.config.moe_block_coreset_top_p) if enabled else None
+        hidden, experts = self.model(input_ids, attention_mask, past_key_values, block_len,
+                                     position_ids, top_p)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        return CloverOutput(logits=self.lm_head(hidden), past_key_values=past_key_values,
+                            distinct_experts=experts)
