@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import clover
 
@@ -27,6 +28,7 @@ output = model.generate(
 completion = output[0, inputs["input_ids"].shape[1]:]
 print(tokenizer.decode(completion, skip_special_tokens=True))
 import sys
+from pathlib import Path
 print("clover imported:", "clover" in sys.modules)
 """
 
@@ -54,3 +56,13 @@ def test_model_card_quick_start_runs_without_importing_clover(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "clover imported: False" in result.stdout
     assert "pilot" in result.stdout and "altitude" in result.stdout  # the record briefing's words
+
+
+def test_embedded_model_carries_the_current_model_code():
+    """The checkpoint's trust_remote_code files must equal the package's `clover/model/` files;
+    after changing the model code, refresh them with `cp clover/model/*.py clover/assets/clover-tiny/`."""
+    package = Path(clover.__file__).parent / "model"
+    shipped = clover.default_model_dir()
+    stale = [p.name for p in sorted(package.glob("*.py"))
+             if not (shipped / p.name).is_file() or (shipped / p.name).read_bytes() != p.read_bytes()]
+    assert not stale, f"stale remote code in {shipped}: {stale}"
