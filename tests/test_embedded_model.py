@@ -59,8 +59,9 @@ def test_model_card_quick_start_runs_without_importing_clover(tmp_path):
 
 
 def test_embedded_model_carries_the_current_model_code():
-    """The checkpoint's trust_remote_code files must equal the package's `clover/model/` files;
-    after changing the model code, refresh them with `cp clover/model/*.py clover/assets/clover-tiny/`."""
+    """The checkpoint's trust_remote_code files must equal the package's `clover/model/` files. In
+    the repository they are symlinks to `../../model/*.py` (a wheel stores their content); a new
+    model file needs a new link: `ln -s ../../model/NEW.py clover/assets/clover-tiny/`."""
     package = Path(clover.__file__).parent / "model"
     shipped = clover.default_model_dir()
     stale = [p.name for p in sorted(package.glob("*.py"))
