@@ -3,11 +3,9 @@
 import json
 from pathlib import Path
 
-from clover.model.generation_config import SPEC_DEFAULTS
+from clover.model.generation_config import SPEC_DEFAULTS, THINK_TOKENS
 
 from .tokenizer_files import token_id
-
-THINK_TOKENS = {"think_start_token_id": "<think>", "think_end_token_id": "</think>"}
 
 
 def generation_settings(config, token_ids: dict, src: str | Path) -> dict:

@@ -99,7 +99,9 @@ def special_ids(model, tokenizer) -> dict:
         settings["eos_token_id"] = eos or tokenizer.eos_token_id
     if getattr(checkpoint, "pad_token_id", None) is None and tokenizer.pad_token_id is not None:
         settings["pad_token_id"] = tokenizer.pad_token_id
-    for name, token in (("think_start_token_id", "<think>"), ("think_end_token_id", "</think>")):
+    from clover.model.generation_config import THINK_TOKENS
+
+    for name, token in THINK_TOKENS.items():
         if getattr(checkpoint, name, None) is None and token in vocab:
             settings[name] = vocab[token]
     return settings

@@ -18,15 +18,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-MAX_BLOCK_SIZE = 32
-
-SPEC_DEFAULTS = dict(
-    max_new_tokens=24576, block_size=32, threshold=0.95, do_sample=False, temperature=1.0, top_k=0,
-    top_p=1.0, presence_penalty=0.9, frequency_penalty=0.0, repetition_penalty=1.05,
-    dllm_length_penalty=10.0, dllm_length_penalty_start=8192, dllm_length_penalty_window=8192,
-    dllm_think_end_bias=10.0, dllm_think_end_start=4096, dllm_think_end_window=4096,
-)
-
+from .configuration_clover_moe import MAX_BLOCK_SIZE
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -65,6 +57,14 @@ class DecodeConfig:
             return self.pad_token_id
         return self.eos_token_id[0] if self.eos_token_id else 0
 
+
+# The SPEC §2 fields a checkpoint's generation_config.json carries; their defaults are DecodeConfig's.
+SPEC_FIELDS = ("max_new_tokens", "block_size", "threshold", "do_sample", "temperature", "top_k", "top_p",
+               "presence_penalty", "frequency_penalty", "repetition_penalty", "dllm_length_penalty",
+               "dllm_length_penalty_start", "dllm_length_penalty_window", "dllm_think_end_bias",
+               "dllm_think_end_start", "dllm_think_end_window")
+SPEC_DEFAULTS = {f.name: f.default for f in fields(DecodeConfig) if f.name in SPEC_FIELDS}
+THINK_TOKENS = {"think_start_token_id": "<think>", "think_end_token_id": "</think>"}
 
 FIELDS = {f.name for f in fields(DecodeConfig)}
 MODES = ("block_diffusion", "ar")

@@ -7,29 +7,21 @@ from pathlib import Path
 
 import torch
 
-# SPEC §2 generation defaults; eos/pad/block_size and a context-sized max_new_tokens are added
-GENERATION_DEFAULTS = {
-    "max_new_tokens": 24576, "block_size": 32, "threshold": 0.95, "do_sample": False,
-    "temperature": 1.0, "top_k": 0, "top_p": 1.0, "presence_penalty": 0.9,
-    "frequency_penalty": 0.0, "repetition_penalty": 1.05, "dllm_length_penalty": 10.0,
-    "dllm_length_penalty_start": 8192, "dllm_length_penalty_window": 8192,
-    "dllm_think_end_bias": 10.0, "dllm_think_end_start": 4096, "dllm_think_end_window": 4096,
-}
+from clover.model.generation_config import SPEC_DEFAULTS, THINK_TOKENS
 
 
 def generation_config(config, eos_ids: tuple[int, ...], pad_id: int, block_size: int) -> dict:
     """The defaults, with EOS/pad ids, the trained block size, and max_new_tokens capped at half
     the context so a default request fits a small model's context window."""
-    return {**GENERATION_DEFAULTS, "block_size": block_size, "eos_token_id": list(eos_ids),
+    return {**SPEC_DEFAULTS, "block_size": block_size, "eos_token_id": list(eos_ids),
             "pad_token_id": pad_id,
-            "max_new_tokens": min(GENERATION_DEFAULTS["max_new_tokens"], config.max_position_embeddings // 2)}
+            "max_new_tokens": min(SPEC_DEFAULTS["max_new_tokens"], config.max_position_embeddings // 2)}
 
 
 def think_token_ids(tokenizer) -> dict:
     """`<think>` / `</think>` ids for the think-end bias (SPEC §6), when the tokenizer has them."""
     vocab = tokenizer.get_vocab()
-    names = (("think_start_token_id", "<think>"), ("think_end_token_id", "</think>"))
-    return {name: vocab[token] for name, token in names if token in vocab}
+    return {name: vocab[token] for name, token in THINK_TOKENS.items() if token in vocab}
 
 
 def write_generation_config(directory: Path, values: dict) -> None:
