@@ -1,13 +1,13 @@
 """``airspace``: free-text drone airspace notices -> JSON list of active no-fly zones.
 
 Prompt: an instruction line, then ``n`` notices (``min_notices <= n <= max_notices``,
-at most 20) in random order, one per line. ``m <= n // 2`` of them modify an earlier
-zone: ``NOTICE Zxx CANCELLED`` (zone dropped) or ``NOTICE Zxx AMENDED: radius now ...`` /
-``... window now ...`` (that field replaced). Modifiers apply wherever they appear in the
-list, and each zone gets at most one.
+at most 20), one per line, as a notice feed would list them. ``m <= n // 2`` of them modify
+an earlier zone: ``NOTICE Zxx CANCELLED`` (zone dropped) or ``NOTICE Zxx AMENDED: radius
+now ...`` / ``... window now ...`` (that field replaced). A modifier always comes after the
+notice it modifies (not necessarily right after), and each zone gets at most one.
 
-Answer: compact JSON (no spaces), zones sorted by id, keys in the order
-``id, location, radius_km, start, end``; ``radius_km`` has one decimal, times are
+Answer: compact JSON (no spaces), the active zones in the order their notices were issued,
+keys in the order ``id, location, radius_km, start, end``; ``radius_km`` has one decimal, times are
 ``HH:MM``. ``[]`` when every zone is cancelled.
 
 Unit choice (kept learnable for a ~5M-parameter model): radii are tenths of a km in
@@ -78,7 +78,7 @@ class AirspaceTask(Task):
 
     name = "airspace"
 
-    def __init__(self, min_notices: int = 1, max_notices: int = 6, nautical_miles: bool = False):
+    def __init__(self, min_notices: int = 1, max_notices: int = 4, nautical_miles: bool = False):
         if not 1 <= min_notices <= max_notices <= MAX_NOTICES:
             raise ValueError(f"need 1 <= min_notices <= max_notices <= {MAX_NOTICES}")
         self.min_notices = min_notices
@@ -89,12 +89,12 @@ class AirspaceTask(Task):
         n = rng.randint(self.min_notices, self.max_notices)
         n_mods = rng.randint(0, n // 2)
         zones = self._zones(rng, n - n_mods)
-        lines = [self._zone_line(rng, z) for z in zones]
-        for zone in rng.sample(zones, n_mods):
-            lines.append(self._modify(rng, zone))
-        rng.shuffle(lines)
-        active = sorted((z for z in zones if z.radius_tenths > 0), key=lambda z: z.id)
-        target = [z.as_json() for z in active]
+        feed = [(z.id, self._zone_line(rng, z)) for z in zones]  # (zone id, notice line)
+        for zone in rng.sample(zones, n_mods):  # each modifier lands somewhere after its zone
+            after = [zone_id for zone_id, _ in feed].index(zone.id) + 1
+            feed.insert(rng.randint(after, len(feed)), (zone.id, self._modify(rng, zone)))
+        lines = [line for _, line in feed]
+        target = [z.as_json() for z in zones if z.radius_tenths > 0]
         prompt = INSTRUCTION + "\n" + "\n".join(lines)
         answer = json.dumps(target, separators=(",", ":"), ensure_ascii=False)
         return Example(prompt, answer, self.name, {"zones": target, "n_notices": n})
@@ -112,7 +112,7 @@ class AirspaceTask(Task):
     # -- drawing ---------------------------------------------------------------
 
     def _zones(self, rng: random.Random, k: int) -> list[_Zone]:
-        ids = sorted(rng.sample(range(10, 100), k))
+        ids = rng.sample(range(10, 100), k)
         places = rng.sample(PLACES, k)
         zones = []
         for i, place in zip(ids, places):

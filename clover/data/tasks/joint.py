@@ -1,7 +1,7 @@
-"""``joint``: rules + facts about pilots, then 2..8 linked yes/no questions answered at once.
+"""``joint``: rules + facts about pilots, then 2..6 linked yes/no questions answered at once.
 
-World: 3 base properties (drawn from ``_BASE``) and 2..3 derived properties (from
-``_DERIVED``). Each derived property has one rule, "Anyone who is A and B is D." (or a
+World: 3 base properties (drawn from ``_BASE``) and 2 derived properties (from
+``_DERIVED``; ``max_rules=3`` allows a third). Each derived property has one rule, "Anyone who is A and B is D." (or a
 single condition), whose conditions are base properties or earlier derived ones, so
 rules chain. Facts give each pilot a subset of the base properties. Closed world: a
 pilot has a property only if a fact states it or a rule derives it.
@@ -39,15 +39,19 @@ class JointTask(Task):
 
     name = "joint"
 
-    def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = MAX_QUESTIONS):
+    def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 6, max_rules: int = 2):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
-            raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}")
+            raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
+                             f"got {min_questions}..{max_questions}")
+        if max_rules not in (2, 3):
+            raise ValueError(f"max_rules must be 2 or 3, got {max_rules}")
         self.min_questions = min_questions
         self.max_questions = max_questions
+        self.max_rules = max_rules
 
     def sample(self, rng: random.Random) -> Example:
         base = rng.sample(_BASE, 3)
-        rules = _rules(rng, base)
+        rules = _rules(rng, base, self.max_rules)
         props = base + [d for d, _ in rules]
         n_q = rng.randint(self.min_questions, self.max_questions)
         n_people = rng.randint(-(-n_q // len(props)), 3)
@@ -76,12 +80,12 @@ class JointTask(Task):
         }
 
 
-def _rules(rng: random.Random, base: list[str]) -> list[Rule]:
-    """2..3 rules; each derives a new property from 1..2 known ones, using the
+def _rules(rng: random.Random, base: list[str], max_rules: int) -> list[Rule]:
+    """2..max_rules rules; each derives a new property from 1..2 known ones, using the
     previous derived property when there is one so the rules form a chain."""
     known = list(base)
     rules: list[Rule] = []
-    for derived in rng.sample(_DERIVED, rng.randint(2, 3)):
+    for derived in rng.sample(_DERIVED, rng.randint(2, max_rules)):
         k = rng.choice((1, 2, 2))
         conds = rng.sample(known, k)
         if rules and rules[-1][0] not in conds:
