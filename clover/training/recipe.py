@@ -58,6 +58,7 @@ class DataRecipe:
     eval_generate: bool = True  # task accuracy via model.generate when the model has it
     eval_max_new_tokens: int = 256
     enable_thinking: bool = False
+    thinking_fraction: float = 0.0  # this share of training examples (seeded) use the thinking turn
     max_prompt_len: int | None = None  # drop training/eval examples with longer prompts
     max_response_len: int | None = None  # ... or longer responses (EOS included, before block padding)
     group_by_length: bool = True  # batch examples of similar length together (less padding)
@@ -66,6 +67,8 @@ class DataRecipe:
     def __post_init__(self):
         if self.source not in SOURCES:
             raise ValueError(f"recipe.data.source={self.source!r} must be one of {SOURCES}")
+        if not 0.0 <= self.thinking_fraction <= 1.0:
+            raise ValueError(f"recipe.data.thinking_fraction={self.thinking_fraction} must be in [0, 1]")
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,8 @@ def build_data(recipe: Recipe, tokenizer, roles: TokenRoles, model):
         return dataset, loss_evaluator(held_out, spec, cfg.alpha, cfg.eps, data.eval_batch_size,
                                        cfg.use_coreset)
     tasks = build_tasks(data.tasks, data.task_options)
-    pairs = task_train_pairs(tokenizer, tasks, data.n_train, data.seed, data.enable_thinking)
+    pairs = task_train_pairs(tokenizer, tasks, data.n_train, data.seed, data.enable_thinking,
+                             data.thinking_fraction)
     pairs = [p for p in pairs if _fits(p, data)]
     dataset = PairDataset(pairs, spec, cfg.batch_size, cfg.seed, group_by_length=data.group_by_length)
     examples = task_eval_examples(tasks, data.n_eval_per_task, data.seed)

@@ -73,20 +73,27 @@ def build_tasks(names=(), options: dict | None = None) -> list:
     return [get_task(name, **options.get(name, {})) for name in (names or list(TASKS))]
 
 
-def encode_examples(tokenizer, examples, enable_thinking: bool = False) -> list[Pair]:
-    """Chat-format each example (user turn + generation prompt; answer + <|im_end|>) and tokenize."""
+def encode_examples(tokenizer, examples, enable_thinking: bool | list[bool] = False) -> list[Pair]:
+    """Chat-format each example (user turn + generation prompt; answer + <|im_end|>) and tokenize.
+    `enable_thinking` is one mode for all examples or one per example."""
     from clover.data.corpus import format_chat
 
-    texts = [format_chat(tokenizer, ex, enable_thinking=enable_thinking) for ex in examples]
+    modes = enable_thinking if isinstance(enable_thinking, list) else [enable_thinking] * len(examples)
+    texts = [format_chat(tokenizer, ex, enable_thinking=mode) for ex, mode in zip(examples, modes)]
     prompts = tokenizer([t.prompt for t in texts], add_special_tokens=False)["input_ids"]
     answers = tokenizer([t.answer for t in texts], add_special_tokens=False)["input_ids"]
     return [Pair(tuple(p), tuple(a)) for p, a in zip(prompts, answers)]
 
 
-def task_train_pairs(tokenizer, tasks, n: int, seed: int, enable_thinking: bool = False) -> list[Pair]:
+def task_train_pairs(tokenizer, tasks, n: int, seed: int, enable_thinking: bool = False,
+                     thinking_fraction: float = 0.0) -> list[Pair]:
+    """`n` training pairs; with `thinking_fraction` > 0 that share of them (drawn with `seed`) is
+    in thinking mode (the model writes its own think block) and the rest use `enable_thinking`."""
     from clover.data.corpus import training_examples
 
-    return encode_examples(tokenizer, training_examples(n, seed, tasks), enable_thinking)
+    rng = random.Random(f"thinking|{seed}")
+    modes = [True if rng.random() < thinking_fraction else enable_thinking for _ in range(n)]
+    return encode_examples(tokenizer, training_examples(n, seed, tasks), modes)
 
 
 def task_eval_examples(tasks, n_per_task: int, seed: int) -> list:
