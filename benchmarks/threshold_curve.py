@@ -1,4 +1,5 @@
-"""Accuracy and tokens per forward of block diffusion over confidence thresholds (embedded model).
+"""Accuracy against tokens per forward of block diffusion over confidence thresholds, with the AR
+point of the same checkpoint (embedded model by default).
 
     python benchmarks/threshold_curve.py --limit 20 --png benchmarks/threshold_curve.png
 
@@ -17,12 +18,18 @@ THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
 def measure(model, tokenizer, examples, block_size: int, max_new_tokens: int):
+    """Rows (threshold or "AR", accuracy, tokens per forward, tokens/s)."""
     rows = []
-    for threshold in THRESHOLDS:
-        settings = {"max_new_tokens": max_new_tokens, "block_size": block_size, "threshold": threshold}
-        s = decode_all(model, tokenizer, examples, "block_diffusion", settings)
+    for threshold in (*THRESHOLDS, "AR"):
+        if threshold == "AR":
+            modes = {"ar": {"max_new_tokens": max_new_tokens}}
+        else:
+            modes = {"block_diffusion": {"max_new_tokens": max_new_tokens, "block_size": block_size,
+                                         "threshold": threshold}}
+        (s,) = decode_all(model, tokenizer, examples, modes).values()
         rows.append((threshold, s.accuracy, s.tokens_per_forward, s.tokens_per_second))
-        print(f"| {threshold:.2f} | {s.accuracy:.3f} | {s.tokens_per_forward:.2f} | {s.tokens_per_second:.1f} |",
+        label = threshold if threshold == "AR" else f"{threshold:.2f}"
+        print(f"| {label} | {s.accuracy:.3f} | {s.tokens_per_forward:.2f} | {s.tokens_per_second:.1f} |",
               flush=True)
     return rows
 
@@ -33,16 +40,20 @@ def plot(rows, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    thresholds = [r[0] for r in rows]
-    fig, left = plt.subplots(figsize=(6, 3.6))
-    left.plot(thresholds, [r[1] for r in rows], "o-", color="tab:blue", label="accuracy")
-    left.set_xlabel("confidence threshold")
-    left.set_ylabel("accuracy", color="tab:blue")
-    left.set_ylim(0, 1.02)
-    right = left.twinx()
-    right.plot(thresholds, [r[2] for r in rows], "s--", color="tab:orange", label="tokens / forward")
-    right.set_ylabel("tokens per forward", color="tab:orange")
-    left.set_title("Embedded Clover model: accuracy vs parallelism")
+    curve = [r for r in rows if r[0] != "AR"]
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    ax.plot([r[2] for r in curve], [r[1] for r in curve], "o-", color="tab:blue",
+            label="block diffusion")
+    for threshold, acc, tpf, _ in curve:
+        ax.annotate(f"{threshold:g}", (tpf, acc), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    for _, acc, tpf, _ in (r for r in rows if r[0] == "AR"):
+        ax.plot([tpf], [acc], "*", color="tab:red", markersize=12, label="AR decoding")
+    ax.set_xlabel("tokens per forward")
+    ax.set_ylabel("exact-match accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left")
+    ax.set_title("Embedded Clover model: accuracy vs parallelism (labels: threshold)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -51,6 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     parser.add_argument("--limit", type=int, default=20, help="prompts per task")
+    parser.add_argument("--seed", type=int, default=0, help="evaluation split seed")
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
@@ -62,8 +74,9 @@ def main() -> None:
     path = args.model or default_model_dir()
     model = CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    examples = eval_examples(args.limit, seed=0)
-    print(f"model {path}, {len(examples)} prompts, block {args.block_size}, greedy\n")
+    examples = eval_examples(args.limit, seed=args.seed)
+    print(f"model {path}, {len(examples)} prompts, block {args.block_size}, greedy, "
+          f"{torch.get_num_threads()} thread(s)\n")
     print("| threshold | accuracy | tokens/forward | tokens/s |\n|---|---|---|---|")
     with torch.inference_mode():
         rows = measure(model, tokenizer, examples, args.block_size, args.max_new_tokens)

@@ -9,9 +9,16 @@ def register(sub) -> None:
     p.add_argument("--task", default="all", help="task name or 'all'")
     p.add_argument("--limit", type=int, default=40, help="prompts per task (default 40)")
     p.add_argument("--seed", type=int, default=0, help="evaluation split seed")
-    p.add_argument("--threshold", type=float, default=0.95)
-    p.add_argument("--block-size", type=int, default=32)
+    p.add_argument("--threshold", type=float, default=None,
+                   help="confidence threshold (default: the checkpoint's generation config)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="block size (default: the checkpoint's generation config)")
     p.add_argument("--max-new-tokens", type=int, default=512)
+    thinking = p.add_mutually_exclusive_group()
+    thinking.add_argument("--thinking", dest="thinking", action="store_true", default=None,
+                          help="thinking turn (default: the chat template's default)")
+    thinking.add_argument("--no-thinking", dest="thinking", action="store_false")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--no-ar", action="store_true", help="skip the AR baseline")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(run=run)
@@ -27,6 +34,10 @@ def run(args) -> int:
 
     if args.limit <= 0:
         raise ValueError(f"--limit={args.limit} must be positive")
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise ValueError(f"--threads={args.threads} must be positive")
+        torch.set_num_threads(args.threads)
     if args.task != "all" and args.task not in TASKS:
         raise ValueError(f"--task={args.task!r} is unknown; known: {sorted(TASKS)} or 'all'")
     model_dir = args.model or default_model_dir()
@@ -36,7 +47,8 @@ def run(args) -> int:
     examples = eval_examples(args.limit, seed=args.seed, tasks=tasks)
     report = evaluate(model, tokenizer, examples, model_name=str(model_dir), task=args.task,
                       threshold=args.threshold, block_size=args.block_size,
-                      max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar)
+                      max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar,
+                      enable_thinking=args.thinking)
     print("\n".join(report_lines(report)))
     if args.json:
         print(json.dumps(report.to_json()))

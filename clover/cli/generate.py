@@ -51,10 +51,10 @@ def read_prompt(prompt: str | None) -> str:
 
 
 def apply_builtin_example(args: argparse.Namespace) -> None:
-    """No PROMPT: run the built-in airspace example as a chat turn without thinking."""
+    """No PROMPT: run the built-in airspace example as a chat turn (the template's default
+    thinking mode, as every other entry point)."""
     if args.prompt is None:
         args.prompt, args.chat = builtin_example(), True
-        args.thinking = False if args.thinking is None else args.thinking
 
 
 def model_dir(path: str | None):

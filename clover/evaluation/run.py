@@ -1,20 +1,27 @@
 """Evaluate a model on held-out task prompts with block diffusion and with AR decoding, in one run.
 
 Each prompt is decoded alone (batch of one, greedy), since batch-1 latency is what block diffusion
-is for; accuracy comes from the tasks' exact-match scorers. Timing covers `generate` only
+is for; accuracy comes from the tasks' exact-match scorers, with per-field counts where a task
+reports them. The two modes are interleaved prompt by prompt (and which one goes first alternates),
+so a change in machine load during the run affects both alike; timing covers `generate` only
 (prefill included), summed over prompts.
+
+Generation settings are the checkpoint's own (`generation_config.json`: threshold, block size,
+penalties) and its chat template's default thinking mode; arguments override them only when given.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm import tqdm
 
 from clover.data import Example, format_chat, get_task
+
+MODES = ("block_diffusion", "ar")
 
 
 @dataclass
@@ -26,6 +33,7 @@ class DecodeSummary:
     forwards: int = 0  # decoding forwards (prefill chunks excluded)
     seconds: float = 0.0
     per_task: dict[str, list[int]] = field(default_factory=dict)  # task -> [correct, n]
+    per_field: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # task -> field -> [right, n]
 
     @property
     def accuracy(self) -> float:
@@ -39,6 +47,28 @@ class DecodeSummary:
     def tokens_per_second(self) -> float:
         return self.new_tokens / max(self.seconds, 1e-9)
 
+    def add(self, task: str, score: dict, tokens: int, forwards: int, seconds: float) -> None:
+        correct = bool(score["correct"])
+        self.n += 1
+        self.correct += correct
+        self.new_tokens += tokens
+        self.forwards += forwards
+        self.seconds += seconds
+        counts = self.per_task.setdefault(task, [0, 0])
+        counts[0] += correct
+        counts[1] += 1
+        fields = self.per_field.setdefault(task, {})
+        for name, (right, total) in score.get("fields", {}).items():
+            acc = fields.setdefault(name, [0, 0])
+            acc[0] += right
+            acc[1] += total
+
+    def task_accuracy(self) -> dict[str, float]:
+        return {t: c / n for t, (c, n) in self.per_task.items()}
+
+    def field_accuracy(self) -> dict[str, dict[str, float]]:
+        return {t: {f: r / n for f, (r, n) in fields.items()} for t, fields in self.per_field.items()}
+
 
 @dataclass
 class EvalReport:
@@ -46,90 +76,106 @@ class EvalReport:
     task: str
     threshold: float
     block_size: int
+    threads: int
     diffusion: DecodeSummary
     ar: DecodeSummary | None
 
     def to_json(self) -> dict:
+        d = self.diffusion
         out = {
-            "model": self.model, "task": self.task, "n": self.diffusion.n,
+            "model": self.model, "task": self.task, "n": d.n, "threads": self.threads,
             "threshold": self.threshold, "block_size": self.block_size,
-            "accuracy": self.diffusion.accuracy,
-            "tokens_per_forward": self.diffusion.tokens_per_forward,
-            "tokens_per_second": self.diffusion.tokens_per_second,
-            "per_task_accuracy": {t: c / n for t, (c, n) in self.diffusion.per_task.items()},
+            "accuracy": d.accuracy, "tokens_per_forward": d.tokens_per_forward,
+            "tokens_per_second": d.tokens_per_second,
+            "per_task_accuracy": d.task_accuracy(), "per_field_accuracy": d.field_accuracy(),
         }
         if self.ar is not None:
             out |= {"ar_accuracy": self.ar.accuracy, "ar_tokens_per_second": self.ar.tokens_per_second,
-                    "speedup_vs_ar": self.diffusion.tokens_per_second / max(self.ar.tokens_per_second, 1e-9)}
+                    "ar_per_task_accuracy": self.ar.task_accuracy(),
+                    "ar_per_field_accuracy": self.ar.field_accuracy(),
+                    "speedup_vs_ar": d.tokens_per_second / max(self.ar.tokens_per_second, 1e-9)}
         return out
 
 
-def _decode_one(model, tokenizer, example: Example, mode: str, settings: dict):
-    prompt, _ = format_chat(tokenizer, example)
-    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(model.device)
+def decode_one(model, tokenizer, example: Example, mode: str, settings: dict,
+               enable_thinking: bool | None = None) -> tuple[str, int, int, float]:
+    """(text, new tokens, decoding forwards, seconds) for one prompt, greedy, batch of one."""
+    prompt, _ = format_chat(tokenizer, example, enable_thinking=enable_thinking)
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
     start = time.perf_counter()
     out = model.generate(ids, mode=mode, do_sample=False, return_dict_in_generate=True, **settings)
     seconds = time.perf_counter() - start
     new = out.sequences[0, ids.shape[1]:ids.shape[1] + out.rows[0].new_tokens]
-    text = tokenizer.decode(new, skip_special_tokens=True)
+    text = tokenizer.decode(new, skip_special_tokens=False)
     return text, out.rows[0].new_tokens, out.num_forward_passes - out.num_prefill_forwards, seconds
 
 
-def decode_all(model, tokenizer, examples: Sequence[Example], mode: str, settings: dict,
-               progress: Callable | None = None) -> DecodeSummary:
-    summary = DecodeSummary(mode)
-    tasks = {}
-    for example in examples:
+def decode_all(model, tokenizer, examples: Sequence[Example], modes: dict[str, dict],
+               enable_thinking: bool | None = None, progress=None) -> dict[str, DecodeSummary]:
+    """Decode every example in every mode of `modes` (mode -> generate settings), interleaved
+    prompt by prompt with the first mode alternating; score each output."""
+    summaries = {mode: DecodeSummary(mode) for mode in modes}
+    tasks: dict[str, object] = {}
+    order = list(modes)
+    for i, example in enumerate(examples):
         task = tasks.setdefault(example.task, get_task(example.task))
-        text, tokens, forwards, seconds = _decode_one(model, tokenizer, example, mode, settings)
-        correct = bool(task.score(example, text)["correct"])
-        summary.n += 1
-        summary.correct += correct
-        summary.new_tokens += tokens
-        summary.forwards += forwards
-        summary.seconds += seconds
-        counts = summary.per_task.setdefault(example.task, [0, 0])
-        counts[0] += correct
-        counts[1] += 1
+        for mode in (order if i % 2 == 0 else order[::-1]):
+            text, tokens, forwards, seconds = decode_one(model, tokenizer, example, mode, modes[mode],
+                                                         enable_thinking)
+            summaries[mode].add(example.task, task.score(example, text), tokens, forwards, seconds)
         if progress is not None:
-            progress(summary)
-    return summary
+            progress(summaries)
+    return summaries
 
 
 @torch.inference_mode()
 def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str = "", task: str = "all",
-             threshold: float = 0.95, block_size: int = 32, max_new_tokens: int = 512,
-             with_ar: bool = True, show_progress: bool = True) -> EvalReport:
-    """Decode every example with block diffusion, then (optionally) with AR; score both."""
-    settings = {"max_new_tokens": max_new_tokens, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-                "frequency_penalty": 0.0}
-    modes = [("block_diffusion", {"block_size": block_size, "threshold": threshold})]
+             threshold: float | None = None, block_size: int | None = None, max_new_tokens: int = 512,
+             with_ar: bool = True, enable_thinking: bool | None = None,
+             show_progress: bool = True) -> EvalReport:
+    """Decode every example with block diffusion and (optionally) AR, interleaved; score both.
+    `threshold` / `block_size` default to the checkpoint's generation config."""
+    gen = model.generation_config
+    threshold = getattr(gen, "threshold", 0.95) if threshold is None else threshold
+    block_size = getattr(gen, "block_size", 32) if block_size is None else block_size
+    modes = {"block_diffusion": {"max_new_tokens": max_new_tokens, "block_size": block_size,
+                                 "threshold": threshold}}
     if with_ar:
-        modes.append(("ar", {}))
-    results = {}
-    bar = tqdm(total=len(examples) * len(modes), disable=not show_progress, unit="prompt",
-               desc="eval", dynamic_ncols=True)
-    for mode, extra in modes:
-        def progress(s: DecodeSummary, mode=mode):
-            bar.update(1)
-            bar.set_postfix(mode=mode, acc=f"{s.accuracy:.3f}", tps=f"{s.tokens_per_second:.0f}")
-        results[mode] = decode_all(model, tokenizer, examples, mode, settings | extra, progress)
+        modes["ar"] = {"max_new_tokens": max_new_tokens}
+    bar = tqdm(total=len(examples), disable=not show_progress, unit="prompt", desc="eval",
+               dynamic_ncols=True)
+
+    def progress(summaries):
+        bar.update(1)
+        bar.set_postfix({f"{m[:2]}_acc": f"{s.accuracy:.2f}" for m, s in summaries.items()}
+                        | {"tok/fwd": f"{summaries['block_diffusion'].tokens_per_forward:.1f}"})
+
+    results = decode_all(model, tokenizer, examples, modes, enable_thinking, progress)
     bar.close()
-    return EvalReport(model_name, task, threshold, block_size, results["block_diffusion"], results.get("ar"))
+    return EvalReport(model_name, task, threshold, block_size, torch.get_num_threads(),
+                      results["block_diffusion"], results.get("ar"))
 
 
 def report_lines(report: EvalReport) -> list[str]:
     d, a = report.diffusion, report.ar
     lines = [f"model {report.model}  task {report.task}  n={d.n}  block {report.block_size}  "
-             f"threshold {report.threshold}"]
+             f"threshold {report.threshold}  threads {report.threads}  (modes interleaved per prompt)"]
     lines.append(f"{'mode':<16}{'accuracy':>9}{'tok/fwd':>9}{'tok/s':>9}")
     for s in (d, a):
         if s is not None:
             lines.append(f"{s.mode:<16}{s.accuracy:>9.3f}{s.tokens_per_forward:>9.2f}{s.tokens_per_second:>9.1f}")
     if a is not None:
         lines.append(f"block diffusion / AR tokens/s: {d.tokens_per_second / max(a.tokens_per_second, 1e-9):.2f}x")
+    lines.append(f"{'task / field':<22}{'diffusion':>10}" + (f"{'AR':>10}" if a else ""))
     for t, (c, n) in sorted(d.per_task.items()):
-        lines.append(f"  {t:<14}{c / n:>7.3f} ({c}/{n})")
+        ar_col = f"{a.task_accuracy()[t]:>10.3f}" if a else ""
+        lines.append(f"  {t:<20}{c / n:>10.3f}{ar_col}   ({c}/{n})")
+        for f, (r, total) in d.per_field.get(t, {}).items():
+            ar_col = ""
+            if a:
+                ar_r, ar_n = a.per_field.get(t, {}).get(f, (0, 0))
+                ar_col = f"{ar_r / ar_n:>10.3f}" if ar_n else f"{'-':>10}"
+            lines.append(f"    .{f:<17}{r / total:>10.3f}{ar_col}")
     return lines
 
 

@@ -90,24 +90,29 @@ class AirspaceTask(Task):
         n_mods = rng.randint(0, n // 2)
         zones = self._zones(rng, n - n_mods)
         feed = [(z.id, self._zone_line(rng, z)) for z in zones]  # (zone id, notice line)
+        modified: dict[str, str] = {}  # zone id -> "cancel" | "radius" | "window"
         for zone in rng.sample(zones, n_mods):  # each modifier lands somewhere after its zone
             after = [zone_id for zone_id, _ in feed].index(zone.id) + 1
-            feed.insert(rng.randint(after, len(feed)), (zone.id, self._modify(rng, zone)))
+            kind, line = self._modify(rng, zone)
+            modified[zone.id] = kind
+            feed.insert(rng.randint(after, len(feed)), (zone.id, line))
         lines = [line for _, line in feed]
         target = [z.as_json() for z in zones if z.radius_tenths > 0]
         prompt = INSTRUCTION + "\n" + "\n".join(lines)
         answer = json.dumps(target, separators=(",", ":"), ensure_ascii=False)
-        return Example(prompt, answer, self.name, {"zones": target, "n_notices": n})
+        return Example(prompt, answer, self.name, {"zones": target, "n_notices": n, "modified": modified})
 
     def score(self, example: Example, output_text: str) -> dict[str, Any]:
         target = example.meta["zones"]
         try:
             parsed = json.loads(clean_output(output_text))
         except ValueError:
-            return {"correct": False, "valid_json": False, "zone_f1": 0.0}
+            parsed = None
+        fields = _field_scores(parsed if isinstance(parsed, list) else [], example.meta)
         if not isinstance(parsed, list):
-            return {"correct": False, "valid_json": True, "zone_f1": 0.0}
-        return {"correct": parsed == target, "valid_json": True, "zone_f1": _zone_f1(parsed, target)}
+            return {"correct": False, "valid_json": parsed is not None, "zone_f1": 0.0, "fields": fields}
+        return {"correct": parsed == target, "valid_json": True, "zone_f1": _zone_f1(parsed, target),
+                "fields": fields}
 
     # -- drawing ---------------------------------------------------------------
 
@@ -127,22 +132,22 @@ class AirspaceTask(Task):
         t = timefmt.window_phrase(rng, zone.start, zone.end)
         return template.format(id=zone.id, r=r, loc=zone.location, t=t)
 
-    def _modify(self, rng: random.Random, zone: _Zone) -> str:
-        """Apply one random modifier to ``zone`` and return its notice line.
+    def _modify(self, rng: random.Random, zone: _Zone) -> tuple[str, str]:
+        """Apply one random modifier to ``zone``; return its kind and notice line.
         A cancelled zone is marked by ``radius_tenths = 0``."""
         kind = rng.choice(("cancel", "radius", "window"))
         if kind == "cancel":
             zone.radius_tenths = 0
-            return rng.choice(_CANCEL_TEMPLATES).format(id=zone.id)
+            return kind, rng.choice(_CANCEL_TEMPLATES).format(id=zone.id)
         if kind == "radius":
             old = zone.radius_tenths
             zone.radius_tenths = rng.choice([r for r in range(3, 81) if r != old])
-            return _RADIUS_TEMPLATE.format(id=zone.id, r=self._radius_phrase(rng, zone))
+            return kind, _RADIUS_TEMPLATE.format(id=zone.id, r=self._radius_phrase(rng, zone))
         old_window = (zone.start, zone.end)
         while (zone.start, zone.end) == old_window:
             zone.start, zone.end = timefmt.sample_window(rng)
         t = timefmt.window_phrase(rng, zone.start, zone.end)
-        return _WINDOW_TEMPLATE.format(id=zone.id, t=t)
+        return kind, _WINDOW_TEMPLATE.format(id=zone.id, t=t)
 
     def _radius_phrase(self, rng: random.Random, zone: _Zone) -> str:
         """Word the zone's radius; with nautical miles on, may first redraw the radius
@@ -168,6 +173,35 @@ def _coordinates(rng: random.Random) -> str:
     lat = rng.randint(2000, 4599)
     lon = rng.randint(10000, 12599)
     return f"{lat // 100}.{lat % 100:02d}N {lon // 100}.{lon % 100:02d}E"
+
+
+FIELDS = ("id", "location", "radius_km", "start", "end")
+
+
+def _field_scores(parsed: list[Any], meta: dict[str, Any]) -> dict[str, list[int]]:
+    """Per-field ``[right, total]`` counts. Target zones are matched to output zones by ``id``
+    (an unmatched zone gets every field wrong); ``amended`` counts the fields a modifier
+    replaced, ``cancelled`` the cancelled zones left out, ``no_extra`` output zones that
+    match no target zone."""
+    by_id = {z.get("id"): z for z in parsed if isinstance(z, dict)}
+    counts = {name: [0, 0] for name in (*FIELDS, "amended", "cancelled", "no_extra")}
+    amended = {"radius": ("radius_km",), "window": ("start", "end")}
+    for zone in meta["zones"]:
+        got = by_id.get(zone["id"], {})
+        for name in FIELDS:
+            right = name in got and got[name] == zone[name]
+            counts[name][0] += right
+            counts[name][1] += 1
+            if name in amended.get(meta.get("modified", {}).get(zone["id"], ""), ()):
+                counts["amended"][0] += right
+                counts["amended"][1] += 1
+    for zone_id, kind in meta.get("modified", {}).items():
+        if kind == "cancel":
+            counts["cancelled"][0] += zone_id not in by_id
+            counts["cancelled"][1] += 1
+    wanted = {z["id"] for z in meta["zones"]}
+    counts["no_extra"] = [sum(zone_id in wanted for zone_id in by_id), len(by_id)]
+    return {k: v for k, v in counts.items() if v[1]}
 
 
 def _canonical(zone: Any) -> str:

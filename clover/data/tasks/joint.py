@@ -64,19 +64,28 @@ class JointTask(Task):
         answers = [prop in truth[p] for p, prop in questions]
         prompt = _render(rules, people, facts, base, questions)
         answer = " ".join(f"{k}:{_yn(a)}" for k, a in enumerate(answers, 1))
-        return Example(prompt, answer, self.name, {"answers": answers})
+        derived = [prop in dict(rules) for _, prop in questions]
+        return Example(prompt, answer, self.name, {"answers": answers, "derived": derived})
 
     def score(self, example: Example, output_text: str) -> dict[str, Any]:
         target: list[bool] = example.meta["answers"]
         given: dict[int, bool] = {}
         for number, word in _PAIR.findall(clean_output(output_text)):
             given.setdefault(int(number), word.lower() == "yes")
-        right = sum(given.get(k) == a for k, a in enumerate(target, 1))
+        hits = [given.get(k) == a for k, a in enumerate(target, 1)]
+        right = sum(hits)
         extra = set(given) - set(range(1, len(target) + 1))
+        derived = example.meta.get("derived", [False] * len(target))
+        fields = {"fact": [0, 0], "derived": [0, 0]}  # questions about stated vs derived properties
+        for hit, is_derived in zip(hits, derived):
+            field = fields["derived" if is_derived else "fact"]
+            field[0] += hit
+            field[1] += 1
         return {
             "correct": right == len(target) and not extra,
             "item_accuracy": right / len(target),
             "n_items": len(target),
+            "fields": {k: v for k, v in fields.items() if v[1]},
         }
 
 

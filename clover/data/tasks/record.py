@@ -16,6 +16,7 @@ fraction of answer words found at the same position, as a softer signal.
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from clover.data.tasks import timefmt
@@ -27,6 +28,19 @@ _TEMPLATE = (
     "Flight {flight}: pilot {pilot} flies {drone} at {site} for {purpose}. "
     "It runs from {start} to {end} at {altitude} m altitude."
 )
+
+
+_FIELD_PATTERN = re.compile(
+    re.escape(_TEMPLATE).replace(r"\{", "{").replace(r"\}", "}")
+    .format(**{k: f"(?P<{k}>.+?)" for k in ("flight", "pilot", "drone", "site", "purpose", "start",
+                                            "end", "altitude")}) + "$")
+
+
+def _field_scores(output: str, fields: dict[str, str]) -> dict[str, list[int]]:
+    """``[right, 1]`` per record field, read back by matching ``output`` against the template
+    (a field counts as wrong when the output does not follow the template)."""
+    match = _FIELD_PATTERN.match(output)
+    return {k: [int(match is not None and match.group(k) == v), 1] for k, v in fields.items()}
 
 
 class RecordTask(Task):
@@ -59,4 +73,5 @@ class RecordTask(Task):
         return {
             "correct": got == example.answer,
             "token_overlap": same / max(len(want_words), len(got_words)),
+            "fields": _field_scores(got, example.meta["fields"]),
         }
