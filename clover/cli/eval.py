@@ -20,6 +20,8 @@ def register(sub) -> None:
     thinking.add_argument("--no-thinking", dest="thinking", action="store_false")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--no-ar", action="store_true", help="skip the AR baseline")
+    p.add_argument("--field-loss", action="store_true",
+                   help="also print per-field AR and block-mode loss (nats per token) on the prompts")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(run=run)
 
@@ -50,6 +52,13 @@ def run(args) -> int:
                       max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar,
                       enable_thinking=args.thinking)
     print("\n".join(report_lines(report)))
+    result = report.to_json()
+    if args.field_loss:
+        from clover.evaluation.field_loss import field_loss_lines, field_losses
+
+        losses = field_losses(model, tokenizer, examples, args.block_size, args.thinking)
+        print("\n".join(field_loss_lines(losses)))
+        result["field_loss"] = losses
     if args.json:
-        print(json.dumps(report.to_json()))
+        print(json.dumps(result))
     return 0

@@ -51,3 +51,30 @@ def test_eval_cli_refuses_unknown_task(capsys):
 
     assert main(["eval", "--task", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_evaluate_reports_per_field_counts(model, tokenizer):
+    examples = eval_examples(1, seed=0, tasks=[get_task("airspace"), get_task("record")])
+    report = evaluate(model, tokenizer, examples, max_new_tokens=8, block_size=8, threshold=0.9,
+                      show_progress=False)
+    for summary in (report.diffusion, report.ar):
+        assert set(summary.per_field["record"]) == set(examples[1].meta["fields"])
+        assert summary.per_field["airspace"]["id"][1] == len(examples[0].meta["zones"])
+    assert report.to_json()["threads"] >= 1
+
+
+def test_field_losses_label_every_answer_token(model, tokenizer):
+    from clover.data import format_chat
+    from clover.evaluation.field_loss import field_losses, token_fields
+
+    example = get_task("record").generate(0, "eval")
+    chat = format_chat(tokenizer, example, enable_thinking=True)
+    enc = tokenizer(chat.answer, add_special_tokens=False, return_offsets_mapping=True)
+    fields = token_fields(get_task("record"), example, chat.answer, enc["offset_mapping"])
+    assert len(fields) == len(enc.input_ids) and "template" in fields and "pilot" in fields
+    pilot = "".join(tokenizer.decode([t]) for t, f in zip(enc.input_ids, fields) if f == "pilot")
+    assert pilot.strip() == example.meta["fields"]["pilot"]
+    losses = field_losses(model, tokenizer, [example], block_size=8, enable_thinking=True)
+    counted = sum(m["tokens"] for m in losses["record"].values())
+    assert counted == len(enc.input_ids)
+    assert all(m["ar"] > 0 and m["diff"] > 0 for m in losses["record"].values())

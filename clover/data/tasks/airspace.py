@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -114,6 +115,10 @@ class AirspaceTask(Task):
         return {"correct": parsed == target, "valid_json": True, "zone_f1": _zone_f1(parsed, target),
                 "fields": fields}
 
+    def field_spans(self, example: Example) -> list[tuple[str, int, int]]:
+        """``(field, start, end)`` character spans of the values in ``example.answer``."""
+        return [(m.group(1), m.start(2), m.end(2)) for m in _VALUE.finditer(example.answer)]
+
     # -- drawing ---------------------------------------------------------------
 
     def _zones(self, rng: random.Random, k: int) -> list[_Zone]:
@@ -176,6 +181,7 @@ def _coordinates(rng: random.Random) -> str:
 
 
 FIELDS = ("id", "location", "radius_km", "start", "end")
+_VALUE = re.compile(r'"(id|location|radius_km|start|end)":"?([^",}]*)')
 
 
 def _field_scores(parsed: list[Any], meta: dict[str, Any]) -> dict[str, list[int]]:

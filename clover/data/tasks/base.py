@@ -68,6 +68,11 @@ class Task(abc.ABC):
     def sample(self, rng: random.Random) -> Example:
         """Draw one example using only ``rng`` for randomness."""
 
+    def field_spans(self, example: Example) -> list[tuple[str, int, int]]:
+        """``(field, start, end)`` character spans of the answer's fields in ``example.answer``
+        (for per-field diagnostics); none by default."""
+        return []
+
     @abc.abstractmethod
     def score(self, example: Example, output_text: str) -> dict[str, Any]:
         """Score ``output_text`` against ``example``. Never raises on malformed output;

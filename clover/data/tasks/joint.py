@@ -67,6 +67,10 @@ class JointTask(Task):
         derived = [prop in dict(rules) for _, prop in questions]
         return Example(prompt, answer, self.name, {"answers": answers, "derived": derived})
 
+    def field_spans(self, example: Example) -> list[tuple[str, int, int]]:
+        """``(field, start, end)`` spans of the yes/no words in ``example.answer``."""
+        return field_spans(example)
+
     def score(self, example: Example, output_text: str) -> dict[str, Any]:
         target: list[bool] = example.meta["answers"]
         given: dict[int, bool] = {}
@@ -87,6 +91,12 @@ class JointTask(Task):
             "n_items": len(target),
             "fields": {k: v for k, v in fields.items() if v[1]},
         }
+
+
+def field_spans(example: Example) -> list[tuple[str, int, int]]:
+    derived = example.meta.get("derived", [False] * len(example.meta["answers"]))
+    return [("derived" if is_derived else "fact", m.start(2), m.end(2))
+            for m, is_derived in zip(_PAIR.finditer(example.answer), derived)]
 
 
 def _rules(rng: random.Random, base: list[str], max_rules: int) -> list[Rule]:

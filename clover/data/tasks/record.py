@@ -66,6 +66,11 @@ class RecordTask(Task):
         answer = _TEMPLATE.format(**fields)
         return Example(INSTRUCTION + "\n" + record, answer, self.name, {"fields": fields})
 
+    def field_spans(self, example: Example) -> list[tuple[str, int, int]]:
+        """``(field, start, end)`` character spans of the record values in ``example.answer``."""
+        match = _FIELD_PATTERN.match(example.answer)
+        return [(k, match.start(k), match.end(k)) for k in example.meta["fields"]]
+
     def score(self, example: Example, output_text: str) -> dict[str, Any]:
         got = clean_output(output_text)
         want_words, got_words = example.answer.split(), got.split()

@@ -1,0 +1,88 @@
+"""Per-field loss on held-out prompts: which parts of an answer a model has not learned yet.
+
+Each answer token is labelled with the task field whose characters it overlaps (`Task.field_spans`:
+an airspace zone's id, location, radius, times; a record's values; a joint answer's yes/no) or
+"template" (keys, punctuation, fixed words). Two losses per token, both through the inference path
+(`clover.training.loss.stream_logits`, teacher-forced clean prefix):
+
+  * ar:   causal next-token cross-entropy (what AR decoding sees);
+  * diff: block-mode cross-entropy with the token's whole block masked (the first denoising step of
+          block diffusion, the hardest one: what it must know before anything of the block is filled).
+
+Reported as mean nats per token for each (task, field).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from clover.data import Example, format_chat, get_task
+from clover.data.tokenizer import IM_END
+
+
+@dataclass
+class FieldLoss:
+    ar: float = 0.0  # summed nats
+    diff: float = 0.0
+    tokens: int = 0
+
+    def means(self) -> dict[str, float]:
+        n = max(self.tokens, 1)
+        return {"ar": self.ar / n, "diff": self.diff / n, "tokens": self.tokens}
+
+
+def token_fields(task, example: Example, answer_text: str, offsets: Sequence[tuple[int, int]]) -> list[str]:
+    """The field of each answer token (`answer_text` holds `example.answer` after a chat prefix)."""
+    shift = answer_text.index(example.answer)
+    spans = [(name, a + shift, b + shift) for name, a, b in task.field_spans(example)]
+    return [next((name for name, a, b in spans if start < b and end > a), "template")
+            for start, end in offsets]
+
+
+@torch.inference_mode()
+def field_losses(model, tokenizer, examples: Sequence[Example], block_size: int | None = None,
+                 enable_thinking: bool | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """{task: {field: {"ar": nats, "diff": nats, "tokens": n}}} over `examples` (one at a time)."""
+    from clover.training.data import Pair, collate
+    from clover.training.loss import stream_logits
+
+    block_size = block_size or getattr(model.generation_config, "block_size", 32)
+    eos = tokenizer.convert_tokens_to_ids(IM_END)
+    pad = tokenizer.pad_token_id
+    mask_id = model.config.mask_token_id
+    sums: dict[str, dict[str, FieldLoss]] = {}
+    tasks: dict[str, object] = {}
+    for example in examples:
+        task = tasks.setdefault(example.task, get_task(example.task))
+        chat = format_chat(tokenizer, example, enable_thinking=enable_thinking)
+        prompt = tokenizer(chat.prompt, add_special_tokens=False).input_ids
+        answer = tokenizer(chat.answer, add_special_tokens=False, return_offsets_mapping=True)
+        fields = token_fields(task, example, chat.answer, answer["offset_mapping"])
+        batch = collate([Pair(tuple(prompt), tuple(answer.input_ids))], block_size, eos, pad, (eos, pad))
+        batch = batch.to(model.device)
+        noisy = batch.response_ids.masked_fill(batch.target_mask, mask_id)  # every block fully masked
+        logits = stream_logits(model, batch, noisy, block_size)
+        n = len(answer.input_ids)
+        targets = batch.response_ids[0, :n]
+        ce_ar = F.cross_entropy(logits.ar[0, :n].float(), targets, reduction="none")
+        ce_diff = F.cross_entropy(logits.diff[0, :n].float(), targets, reduction="none")
+        per_task = sums.setdefault(example.task, {})
+        for field, ar, diff in zip(fields, ce_ar.tolist(), ce_diff.tolist()):
+            acc = per_task.setdefault(field, FieldLoss())
+            acc.ar += ar
+            acc.diff += diff
+            acc.tokens += 1
+    return {t: {f: acc.means() for f, acc in fields.items()} for t, fields in sums.items()}
+
+
+def field_loss_lines(losses: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    lines = [f"{'task / field':<22}{'AR nats':>9}{'block nats':>11}{'tokens':>8}"]
+    for task, fields in sorted(losses.items()):
+        lines.append(f"  {task}")
+        for field, m in sorted(fields.items(), key=lambda kv: -kv[1]["diff"]):
+            lines.append(f"    .{field:<17}{m['ar']:>9.3f}{m['diff']:>11.3f}{m['tokens']:>8}")
+    return lines
