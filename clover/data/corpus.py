@@ -51,7 +51,7 @@ def eval_examples(
 
 
 def format_chat(
-    tokenizer: PreTrainedTokenizerBase, example: Example, enable_thinking: bool = False
+    tokenizer: PreTrainedTokenizerBase, example: Example, enable_thinking: bool | None = False
 ) -> ChatText:
     """Render ``example`` as one user turn plus the assistant generation prompt.
 
@@ -66,7 +66,8 @@ def format_chat(
         add_generation_prompt=True,
         enable_thinking=enable_thinking,
     )
-    answer = (EMPTY_THINK if enable_thinking else "") + example.answer + IM_END
+    thinking = enable_thinking is not False  # None: the template's default, thinking on
+    answer = (EMPTY_THINK if thinking else "") + example.answer + IM_END
     return ChatText(prompt, answer)
 
 

@@ -82,14 +82,34 @@ def joint_loss(logits: StreamLogits, batch: Batch, noise: BlockNoise, block_size
                       int(masked.sum()))
 
 
+def causal_logits(model, batch: Batch) -> torch.Tensor:
+    """[N, R, V] causal logits predicting each response token, from one forward over
+    [prompt, response] (no cache): the same values as `stream_logits(...).ar`, computed at once."""
+    ids = torch.cat((batch.prompt_ids, batch.response_ids), dim=1)
+    mask = torch.cat((batch.prompt_mask, batch.prompt_mask.new_ones(batch.response_ids.shape)), dim=1)
+    r = batch.response_ids.shape[1]
+    return model(ids, attention_mask=mask, logits_to_keep=r + 1).logits[:, :-1]
+
+
+def ar_loss(logits: torch.Tensor, batch: Batch) -> LossResult:
+    """L_AR alone (the α = 0 objective: AR pre-training before joint post-training)."""
+    weight = batch.target_mask.float()
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), batch.response_ids.flatten(), reduction="none")
+    l_ar = (ce.view_as(weight) * weight).sum() / weight.sum().clamp(min=1.0)
+    return LossResult(l_ar, l_ar, l_ar.new_zeros(()), int(batch.target_mask.sum()), 0)
+
+
 class JointLoss(nn.Module):
-    """The whole objective as one module, so a DDP wrapper sees one forward per backward."""
+    """The whole objective as one module, so a DDP wrapper sees one forward per backward.
+    With α = 0 only the clean stream is computed, in one causal forward."""
 
     def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
 
     def forward(self, batch: Batch, noise: BlockNoise) -> LossResult:
+        if self.alpha == 0:
+            return ar_loss(causal_logits(self.model, batch), batch)
         noisy = noise.apply(batch.response_ids, self.model.config.mask_token_id)
         logits = stream_logits(self.model, batch, noisy, self.block_size, self.use_coreset)
         return joint_loss(logits, batch, noise, self.block_size, self.alpha)
