@@ -5,8 +5,9 @@ Contract:
     encodes to exactly one id wherever it appears in text, and is never split.
   * Byte-level: every UTF-8 string round-trips exactly,
     ``tok.decode(tok.encode(x)) == x`` (no prefix space, no clean-up of spaces).
-  * Digits are always single tokens and letters never merge with digits, which makes
-    numbers easy for a tiny model to copy and compare.
+  * Digits are always single tokens and letters never merge with digits or with the
+    space or symbol before them, which makes numbers and names easy for a tiny model to
+    copy and compare (a word has one token sequence wherever it appears).
   * ``save_tokenizer`` writes a folder that ``transformers.AutoTokenizer.from_pretrained``
     loads offline, chat template included.
 """
@@ -39,11 +40,13 @@ SPECIAL_TOKENS: list[str] = [
 ]
 
 # Pieces the BPE may merge inside (never across): an English contraction, a run of
-# letters with at most one leading non-letter/non-digit char (" word", "_name"), one
-# digit, a run of punctuation with trailing newlines, newline runs, other whitespace.
+# letters (never with a leading space or symbol), one digit, a run of punctuation with an
+# optional leading space and trailing newlines, newline runs, other whitespace. A word is
+# therefore the same token wherever it appears (after a space, a quote, "=" or a line
+# start), so copying a name from a prompt into an answer is an identity copy.
 _SPLIT_PATTERN = (
     r"'(?:[sdmt]|ll|ve|re)"
-    r"|[^\r\n\p{L}\p{N}]?\p{L}+"
+    r"|\p{L}+"
     r"|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+"
