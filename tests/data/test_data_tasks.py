@@ -67,7 +67,7 @@ def test_examples_are_plain_text(name):
 
 
 def test_airspace_answer_shape():
-    task = get_task("airspace", max_notices=20)
+    task = get_task("airspace", max_notices=20, wordings=5, time_forms=4)
     for seed in range(100):
         ex = task.generate(seed, "train")
         zones = json.loads(ex.answer)
@@ -134,8 +134,8 @@ def test_joint_answer_format():
         assert [i.split(":")[0] for i in items] == [str(k) for k in range(1, len(items) + 1)]
         assert all(i.split(":")[1] in ("yes", "no") for i in items)
         assert f"{len(items)}. Is " in ex.prompt and f"{len(items) + 1}. Is " not in ex.prompt
-    assert counts == set(range(2, 7))
-    wide = get_task("joint", max_questions=8, max_rules=3)
+    assert counts == set(range(2, 5))
+    wide = get_task("joint", max_questions=8, max_rules=3, chain=True)
     assert {len(wide.generate(seed, "train").answer.split()) for seed in range(300)} == set(range(2, 9))
 
 
@@ -143,3 +143,24 @@ def test_record_answer_mentions_every_field():
     ex = get_task("record").generate(3, "train")
     for value in ex.meta["fields"].values():
         assert value in ex.answer and f"={value}" in ex.prompt
+
+
+def test_task_difficulty_options():
+    fixed = get_task("airspace", min_notices=3, max_notices=3)
+    lines = [line for s in range(40) for line in fixed.generate(s, "train").prompt.splitlines()[1:]]
+    assert all("Temporary no-fly zone at" in line for line in lines if "AMENDED" not in line
+               and "CANCELLED" not in line)
+    varied = get_task("airspace", min_notices=3, max_notices=3, wordings=5, time_forms=4)
+    assert any("UAV operations" in varied.generate(s, "train").prompt for s in range(40))
+    with pytest.raises(ValueError, match="wordings=6"):
+        get_task("airspace", wordings=6)
+    schema = ["flight", "pilot", "drone", "site", "purpose", "start", "end", "altitude"]
+    record = get_task("record").generate(0, "train").prompt.splitlines()[1]
+    assert [kv.split("=")[0] for kv in record.split("; ")] == schema
+    shuffled = {tuple(kv.split("=")[0] for kv in get_task("record", shuffle_keys=True)
+                      .generate(s, "train").prompt.splitlines()[1].split("; ")) for s in range(5)}
+    assert len(shuffled) > 1
+    derived = {"approved", "cleared", "eligible", "authorized", "qualified"}
+    for s in range(30):  # without chain, no rule mentions a derived property as a condition
+        rules = [l for l in get_task("joint").generate(s, "train").prompt.splitlines() if l.startswith("Anyone")]
+        assert not any(w.strip(".,") in derived for r in rules for w in r.split(" is ")[1].split())

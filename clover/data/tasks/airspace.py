@@ -39,11 +39,11 @@ from clover.data.tasks.vocab import PLACES
 MAX_NOTICES = 20
 INSTRUCTION = "Read the airspace notices and list the active no-fly zones as JSON."
 
-_ZONE_TEMPLATES: tuple[str, ...] = (
-    "NOTICE {id}: No drone flights within {r} of {loc}, {t}.",
-    "NOTICE {id} - {loc}: restricted airspace, radius {r}, {t}.",
-    "NOTICE {id}: UAV operations prohibited in a {r} radius around {loc}, {t}.",
+_ZONE_TEMPLATES: tuple[str, ...] = (  # the first `wordings` of them are used
     "NOTICE {id}: Temporary no-fly zone at {loc} ({r} radius), {t}.",
+    "NOTICE {id} - {loc}: restricted airspace, radius {r}, {t}.",
+    "NOTICE {id}: No drone flights within {r} of {loc}, {t}.",
+    "NOTICE {id}: UAV operations prohibited in a {r} radius around {loc}, {t}.",
     "NOTICE {id}: {loc} closed to drones out to {r}, {t}.",
 )
 _CANCEL_TEMPLATES: tuple[str, ...] = (
@@ -79,12 +79,20 @@ class AirspaceTask(Task):
 
     name = "airspace"
 
-    def __init__(self, min_notices: int = 1, max_notices: int = 4, nautical_miles: bool = False):
+    def __init__(self, min_notices: int = 1, max_notices: int = 4, nautical_miles: bool = False,
+                 wordings: int = 1, time_forms: int = 2):
         if not 1 <= min_notices <= max_notices <= MAX_NOTICES:
-            raise ValueError(f"need 1 <= min_notices <= max_notices <= {MAX_NOTICES}")
+            raise ValueError(f"need 1 <= min_notices <= max_notices <= {MAX_NOTICES}, "
+                             f"got {min_notices}..{max_notices}")
+        if not 1 <= wordings <= len(_ZONE_TEMPLATES):
+            raise ValueError(f"wordings={wordings} must be in 1..{len(_ZONE_TEMPLATES)}")
+        if not 1 <= time_forms <= timefmt.N_WINDOW_FORMS:
+            raise ValueError(f"time_forms={time_forms} must be in 1..{timefmt.N_WINDOW_FORMS}")
         self.min_notices = min_notices
         self.max_notices = max_notices
         self.nautical_miles = nautical_miles
+        self.templates = _ZONE_TEMPLATES[:wordings]
+        self.time_forms = time_forms
 
     def sample(self, rng: random.Random) -> Example:
         n = rng.randint(self.min_notices, self.max_notices)
@@ -132,9 +140,9 @@ class AirspaceTask(Task):
         return zones
 
     def _zone_line(self, rng: random.Random, zone: _Zone) -> str:
-        template = rng.choice(_ZONE_TEMPLATES)
+        template = rng.choice(self.templates)
         r = self._radius_phrase(rng, zone)
-        t = timefmt.window_phrase(rng, zone.start, zone.end)
+        t = timefmt.window_phrase(rng, zone.start, zone.end, self.time_forms)
         return template.format(id=zone.id, r=r, loc=zone.location, t=t)
 
     def _modify(self, rng: random.Random, zone: _Zone) -> tuple[str, str]:
@@ -151,7 +159,7 @@ class AirspaceTask(Task):
         old_window = (zone.start, zone.end)
         while (zone.start, zone.end) == old_window:
             zone.start, zone.end = timefmt.sample_window(rng)
-        t = timefmt.window_phrase(rng, zone.start, zone.end)
+        t = timefmt.window_phrase(rng, zone.start, zone.end, self.time_forms)
         return kind, _WINDOW_TEMPLATE.format(id=zone.id, t=t)
 
     def _radius_phrase(self, rng: random.Random, zone: _Zone) -> str:

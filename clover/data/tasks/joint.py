@@ -1,9 +1,10 @@
-"""``joint``: rules + facts about pilots, then 2..6 linked yes/no questions answered at once.
+"""``joint``: rules + facts about pilots, then 2..4 linked yes/no questions answered at once.
 
 World: 3 base properties (drawn from ``_BASE``) and 2 derived properties (from
-``_DERIVED``; ``max_rules=3`` allows a third). Each derived property has one rule, "Anyone who is A and B is D." (or a
-single condition), whose conditions are base properties or earlier derived ones, so
-rules chain. Facts give each pilot a subset of the base properties. Closed world: a
+``_DERIVED``; ``max_rules=3`` allows a third). Each derived property has one rule,
+"Anyone who is A and B is D." (or a single condition) over the base properties; with
+``chain=True`` a rule's conditions include the previous derived property, so rules chain.
+Up to ``max_questions`` (at most 8) questions. Facts give each pilot a subset of the base properties. Closed world: a
 pilot has a property only if a fact states it or a rule derives it.
 
 Questions ask "Is <pilot> <property>?" for distinct (pilot, property) pairs, sorted by
@@ -39,7 +40,8 @@ class JointTask(Task):
 
     name = "joint"
 
-    def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 6, max_rules: int = 2):
+    def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
+                 chain: bool = False):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
@@ -48,10 +50,11 @@ class JointTask(Task):
         self.min_questions = min_questions
         self.max_questions = max_questions
         self.max_rules = max_rules
+        self.chain = chain
 
     def sample(self, rng: random.Random) -> Example:
         base = rng.sample(_BASE, 3)
-        rules = _rules(rng, base, self.max_rules)
+        rules = _rules(rng, base, self.max_rules, self.chain)
         props = base + [d for d, _ in rules]
         n_q = rng.randint(self.min_questions, self.max_questions)
         n_people = rng.randint(-(-n_q // len(props)), 3)
@@ -99,18 +102,19 @@ def field_spans(example: Example) -> list[tuple[str, int, int]]:
             for m, is_derived in zip(_PAIR.finditer(example.answer), derived)]
 
 
-def _rules(rng: random.Random, base: list[str], max_rules: int) -> list[Rule]:
-    """2..max_rules rules; each derives a new property from 1..2 known ones, using the
-    previous derived property when there is one so the rules form a chain."""
+def _rules(rng: random.Random, base: list[str], max_rules: int, chain: bool) -> list[Rule]:
+    """2..max_rules rules; each derives a new property from 1..2 base properties, or with
+    ``chain`` from known ones including the previous derived property (a chain)."""
     known = list(base)
     rules: list[Rule] = []
     for derived in rng.sample(_DERIVED, rng.randint(2, max_rules)):
         k = rng.choice((1, 2, 2))
         conds = rng.sample(known, k)
-        if rules and rules[-1][0] not in conds:
+        if chain and rules and rules[-1][0] not in conds:
             conds[0] = rules[-1][0]
         rules.append((derived, tuple(sorted(set(conds), key=known.index))))
-        known.append(derived)
+        if chain:
+            known.append(derived)
     return rules
 
 

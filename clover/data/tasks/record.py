@@ -1,7 +1,7 @@
 """``record``: rewrite a key=value flight record as a fixed two-sentence briefing.
 
 Prompt: an instruction line, then the record ``key=value; key=value; ...`` with the
-seven keys in random order. Values are written exactly as the answer needs them
+keys in the record schema's order (``shuffle_keys=True``: random order). Values are written exactly as the answer needs them
 (times already ``HH:MM``), so the job is reordering and copying, which a tiny model
 can learn, while the answer stays long (typically 45-60 tokens with a 3k vocab):
 
@@ -48,6 +48,9 @@ class RecordTask(Task):
 
     name = "record"
 
+    def __init__(self, shuffle_keys: bool = False):
+        self.shuffle_keys = shuffle_keys
+
     def sample(self, rng: random.Random) -> Example:
         start, end = timefmt.sample_window(rng)
         fields = {
@@ -60,8 +63,9 @@ class RecordTask(Task):
             "end": timefmt.hhmm(end),
             "altitude": str(rng.randrange(30, 130, 10)),
         }
-        keys = list(fields)
-        rng.shuffle(keys)
+        keys = list(fields)  # the briefing's order, as a fixed-schema record lists them
+        if self.shuffle_keys:
+            rng.shuffle(keys)
         record = "; ".join(f"{k}={fields[k]}" for k in keys)
         answer = _TEMPLATE.format(**fields)
         return Example(INSTRUCTION + "\n" + record, answer, self.name, {"fields": fields})

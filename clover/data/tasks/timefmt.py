@@ -26,15 +26,18 @@ def loose(minutes: int) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}"
 
 
-def window_phrase(rng: random.Random, start: int, end: int) -> str:
-    """One of four wordings of the window ``[start, end]``."""
-    forms = (
+N_WINDOW_FORMS = 4
+
+
+def window_phrase(rng: random.Random, start: int, end: int, forms: int = N_WINDOW_FORMS) -> str:
+    """One of the first ``forms`` (of four) wordings of the window ``[start, end]``."""
+    wordings = (
         f"{compact(start)}-{compact(end)}",
         f"{hhmm(start)} to {hhmm(end)}",
         f"from {loose(start)} until {loose(end)}",
         f"between {compact(start)} and {compact(end)}",
     )
-    return rng.choice(forms)
+    return rng.choice(wordings[:forms])
 
 
 def sample_window(rng: random.Random, min_len: int = 30, max_len: int = 360) -> tuple[int, int]:
