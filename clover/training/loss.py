@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cache_handle import with_handles
 from .data import Batch
 from .noising import BlockNoise
 
@@ -48,7 +49,7 @@ def stream_logits(model, batch: Batch, noisy_response: torch.Tensor, block_size:
         raise ValueError(f"response length {r} must be a positive multiple of block_size={b}")
     mask = torch.cat((batch.prompt_mask, batch.prompt_mask.new_ones(n, r)), dim=1)  # [N, P + R]
     p = prompt.shape[1]
-    cache = model.new_cache()
+    cache = with_handles(model.new_cache())  # transparent; keeps FSDP2 from copying layer caches
 
     def run(ids, block_len, keep=0):
         length = cache.get_seq_length() + ids.shape[1]
@@ -68,10 +69,12 @@ def stream_logits(model, batch: Batch, noisy_response: torch.Tensor, block_size:
 
 
 def joint_loss(logits: StreamLogits, batch: Batch, noise: BlockNoise, block_size: int,
-               alpha: float) -> LossResult:
+               alpha: float, normalizer: float | None = None) -> LossResult:
+    """Sums over the batch's response targets divided by `normalizer` (default: their number;
+    data-parallel training passes its share of the global number, see the trainer)."""
     targets = batch.response_ids
     weight = batch.target_mask.float()
-    count = weight.sum().clamp(min=1.0)
+    count = weight.sum().clamp(min=1.0) if normalizer is None else max(float(normalizer), 1e-9)
     ce_ar = F.cross_entropy(logits.ar.flatten(0, 1).float(), targets.flatten(), reduction="none")
     ce_diff = F.cross_entropy(logits.diff.flatten(0, 1).float(), targets.flatten(), reduction="none")
     masked = noise.masked.to(weight.device).float() * weight
@@ -91,11 +94,13 @@ def causal_logits(model, batch: Batch) -> torch.Tensor:
     return model(ids, attention_mask=mask, logits_to_keep=r + 1).logits[:, :-1]
 
 
-def ar_loss(logits: torch.Tensor, batch: Batch) -> LossResult:
-    """L_AR alone (the α = 0 objective: AR pre-training before joint post-training)."""
+def ar_loss(logits: torch.Tensor, batch: Batch, normalizer: float | None = None) -> LossResult:
+    """L_AR alone (the α = 0 objective: AR pre-training before joint post-training); `normalizer`
+    as in `joint_loss`."""
     weight = batch.target_mask.float()
     ce = F.cross_entropy(logits.flatten(0, 1).float(), batch.response_ids.flatten(), reduction="none")
-    l_ar = (ce.view_as(weight) * weight).sum() / weight.sum().clamp(min=1.0)
+    count = weight.sum().clamp(min=1.0) if normalizer is None else max(float(normalizer), 1e-9)
+    l_ar = (ce.view_as(weight) * weight).sum() / count
     return LossResult(l_ar, l_ar, l_ar.new_zeros(()), int(batch.target_mask.sum()), 0)
 
 
@@ -107,9 +112,9 @@ class JointLoss(nn.Module):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
 
-    def forward(self, batch: Batch, noise: BlockNoise) -> LossResult:
+    def forward(self, batch: Batch, noise: BlockNoise, normalizer: float | None = None) -> LossResult:
         if self.alpha == 0:
-            return ar_loss(causal_logits(self.model, batch), batch)
+            return ar_loss(causal_logits(self.model, batch), batch, normalizer)
         noisy = noise.apply(batch.response_ids, self.model.config.mask_token_id)
         logits = stream_logits(self.model, batch, noisy, self.block_size, self.use_coreset)
-        return joint_loss(logits, batch, noise, self.block_size, self.alpha)
+        return joint_loss(logits, batch, noise, self.block_size, self.alpha, normalizer)

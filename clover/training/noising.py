@@ -29,7 +29,9 @@ class BlockNoise:
 
 def noise_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
     """A CPU generator that depends only on (seed, step, rank): noise needs no saved RNG state,
-    so a resumed run draws exactly the noise the uninterrupted run would have drawn."""
+    so a resumed run draws exactly the noise the uninterrupted run would have drawn. Training
+    passes an example's position in the global batch as `rank`, so noise does not depend on the
+    world size either."""
     gen = torch.Generator()
     gen.manual_seed(((seed * 1_000_003 + step) * 8_191 + rank) % (2 ** 63))
     return gen
@@ -54,3 +56,19 @@ def sample_block_noise(target_mask: torch.Tensor, block_size: int, eps: float,
     masked = masked | (force & needs_one)
     levels = torch.where(targets.any(-1), levels, torch.ones_like(levels))
     return BlockNoise(levels, masked.view(n, r))
+
+
+def sample_example_noise(target_mask: torch.Tensor, block_size: int, eps: float,
+                         generators: list[torch.Generator]) -> BlockNoise:
+    """Like `sample_block_noise`, but row i draws from `generators[i]` and only for its own blocks
+    with targets, so a row's noise does not depend on which rows share its batch (padding)."""
+    n, r = target_mask.shape
+    if len(generators) != n:
+        raise ValueError(f"{len(generators)} generators for {n} rows")
+    levels = torch.ones(n, r // block_size)
+    masked = torch.zeros(n, r, dtype=torch.bool)
+    for i, gen in enumerate(generators):
+        blocks = -(-int(target_mask[i].sum()) // block_size)  # targets are a prefix of the row
+        row = sample_block_noise(target_mask[i:i + 1, :blocks * block_size], block_size, eps, gen)
+        levels[i, :blocks], masked[i, :blocks * block_size] = row.levels[0], row.masked[0]
+    return BlockNoise(levels, masked)

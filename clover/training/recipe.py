@@ -12,7 +12,10 @@
       "generation": {<generation_config.json overrides, e.g. "presence_penalty": 0.0>}
     }
 
-Unknown keys are errors (naming the key), so a typo never silently falls back to a default.
+Unknown keys are errors (naming the key), so a typo never silently falls back to a default, and
+every value is type-checked (pydantic, strict: `"lr": "fast"` or `"steps": "5"` is refused with
+a one-line error naming the field). Scale-out keys in `train`: `strategy` ("ddp" | "fsdp"),
+`activation_checkpointing` (bool); both optional.
 With `model.init` the tokenizer defaults to the one saved in the init checkpoint.
 """
 
@@ -21,6 +24,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pydantic
 
 from .trainer import TrainConfig
 
@@ -31,10 +36,11 @@ SOURCES = ("tasks", "digits")
 class ModelRecipe:
     config: dict[str, Any] = field(default_factory=dict)  # fresh model: CloverMoeConfig fields
     init: str | None = None  # or start from this Clover checkpoint
+    preset: str | None = None  # or a built-in config (`clover info --preset`), `config` overriding it
 
     def __post_init__(self):
-        if not self.config and self.init is None:
-            raise ValueError("recipe.model needs `config` (a fresh model) or `init` (a checkpoint)")
+        if not self.config and self.init is None and self.preset is None:
+            raise ValueError("recipe.model needs `config` (a fresh model), `preset` or `init` (a checkpoint)")
 
 
 @dataclass(frozen=True)
@@ -102,32 +108,41 @@ class Recipe:
         return dataclasses.asdict(self)
 
 
-def _section(cls, data: Any, where: str):
-    """Build dataclass `cls` from a mapping, refusing unknown keys; lists become tuples where the
-    field is a tuple."""
+SECTIONS = {"model": ModelRecipe, "train": TrainConfig, "tokenizer": TokenizerRecipe, "data": DataRecipe}
+
+
+def _check_keys(cls, data: Any, where: str) -> None:
     if not isinstance(data, dict):
         raise ValueError(f"recipe.{where} must be a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    allowed = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - allowed)
     if unknown:
-        raise ValueError(f"recipe.{where}: unknown key(s) {unknown}; allowed: {sorted(fields)}")
-    values = {k: tuple(v) if isinstance(v, list) and "tuple" in str(fields[k].type) else v
-              for k, v in data.items()}
-    try:
-        return cls(**values)
-    except TypeError as e:
-        raise ValueError(f"recipe.{where}: {e}") from None
+        raise ValueError(f"recipe.{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
 
 
-def recipe_from_dict(data: dict) -> Recipe:
-    sections = {"model": ModelRecipe, "train": TrainConfig, "tokenizer": TokenizerRecipe,
-                "data": DataRecipe}
+def _one_line(error: pydantic.ValidationError) -> str:
+    """The first problem, naming the field: `recipe.train.lr: Input should be a valid number (got 'fast')`."""
+    first = error.errors()[0]
+    where = ".".join(["recipe", *map(str, first["loc"])])
+    if first["type"] == "value_error":  # raised by a section's own check; it names the value
+        return f"{where}: {first['msg'].removeprefix('Value error, ')}"
+    if first["type"] == "missing":
+        return f"{where}: required"
+    return f"{where}: {first['msg']} (got {first['input']!r})"
+
+
+def recipe_from_dict(data: Any) -> Recipe:
+    _check_keys(Recipe, data, "<top level>")
     for required in ("model", "train"):
         if required not in data:
             raise ValueError(f"recipe needs a `{required}` section")
-    built = {k: _section(cls, data[k], k) for k, cls in sections.items() if k in data}
-    rest = {k: v for k, v in data.items() if k not in sections}
-    return _section(Recipe, {**rest, **built}, "<top level>")
+    for key, cls in SECTIONS.items():
+        if key in data:
+            _check_keys(cls, data[key], key)
+    try:  # strict JSON-mode validation: arrays may fill tuples, ints floats; nothing else coerces
+        return pydantic.TypeAdapter(Recipe).validate_json(json.dumps(data, default=str), strict=True)
+    except pydantic.ValidationError as e:
+        raise ValueError(_one_line(e)) from None
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -137,9 +152,17 @@ def load_recipe(path: str | Path) -> Recipe:
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
-        data = yaml.safe_load(text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ValueError(f"{path}: YAML syntax error{at}: {getattr(e, 'problem', None) or e}") from None
     else:
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: JSON syntax error at line {e.lineno}, column {e.colno}: {e.msg}") from None
     return recipe_from_dict(data)
 
 

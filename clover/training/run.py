@@ -1,8 +1,9 @@
 """`run_recipe`: recipe -> tokenizer, model, data, evaluation -> trained, exported checkpoint.
 
 Run directory (`recipe.output_dir`): `recipe.json` (the resolved recipe), `tokenizer/` (when one
-is trained), `train.log`, `metrics.jsonl`, `checkpoints/step-*.pt` (resumable), and `final/`
-(the exported Clover checkpoint). Works alone or under torchrun; rank 0 writes everything.
+is trained), `train.log`, `metrics.jsonl` (one JSON line per step), `checkpoints/step-*/` (resumable, at any
+world size), and `final/` (the exported Clover checkpoint). Works alone or under torchrun; rank 0
+writes everything but the checkpoint shards of other ranks.
 """
 
 import dataclasses
@@ -16,7 +17,8 @@ from .distributed import DistInfo, barrier, device_for, init_distributed, shutdo
 from .evaluation import combine, loss_evaluator, task_evaluator
 from .export import export_checkpoint
 from .recipe import Recipe, save_recipe
-from .sources import (DIGIT_ROLES, DigitTask, TokenRoles, build_tasks, encode_examples,
+from .sharding import full_state_dict, is_sharded
+from .sources import (DIGIT_ROLES, DIGIT_VOCAB, DigitTask, TokenRoles, build_tasks, encode_examples,
                       task_eval_examples, task_train_pairs, tokenizer_roles)
 from .trainer import Trainer, TrainSummary
 
@@ -26,7 +28,7 @@ class RunResult:
     summary: TrainSummary
     run_dir: Path
     export_dir: Path | None  # None on ranks other than 0
-    model: torch.nn.Module  # the trained model (every rank holds the same weights)
+    model: torch.nn.Module  # the trained model: whole on rank 0; on other ranks their FSDP shards
 
 
 def prepare_tokenizer(recipe: Recipe, run_dir: Path, dist: DistInfo):
@@ -60,17 +62,43 @@ def load_init_model(path: str):
     return CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
-def fresh_model(recipe: Recipe, roles: TokenRoles, vocab_size: int | None):
-    """A new model from `recipe.model.config`; special ids (and the vocabulary size, unless the
-    recipe sets a larger one) come from the tokenizer."""
+def preset_fields(name: str | None) -> dict:
+    from clover.info import PRESETS
+
+    if name is None:
+        return {}
+    if name not in PRESETS:
+        raise ValueError(f"recipe.model.preset={name!r} is unknown; known: {sorted(PRESETS)}")
+    return dict(PRESETS[name])
+
+
+def plan_config(recipe: Recipe):
+    """The model config a recipe trains, without building the model (for `--plan`)."""
+    from clover.info import config_from_dir
+    from clover.model import CloverMoeConfig
+
+    if recipe.model.init:
+        return config_from_dir(recipe.model.init)
+    fields = {**preset_fields(recipe.model.preset), **recipe.model.config}
+    if recipe.data.source == "digits":
+        fields.setdefault("vocab_size", len(DIGIT_VOCAB))
+    elif recipe.tokenizer.train:
+        fields.setdefault("vocab_size", recipe.tokenizer.vocab_size)
+    fields.setdefault("mask_token_id", 0)
+    return CloverMoeConfig(**fields)
+
+
+def fresh_model(recipe: Recipe, roles: TokenRoles, vocab_size: int):
+    """A new model from `recipe.model.config`; special ids and the vocabulary size (unless the
+    recipe sets a larger one) come from the tokenizer, or the digits source's own vocabulary."""
     from clover.model import CloverMoeConfig, CloverMoeForCausalLM
 
-    fields = dict(recipe.model.config)
-    if vocab_size is not None:
-        if fields.get("vocab_size", vocab_size) < vocab_size:
-            raise ValueError(f"recipe.model.config.vocab_size={fields['vocab_size']} is smaller than "
-                             f"the tokenizer ({vocab_size} tokens)")
-        fields.setdefault("vocab_size", vocab_size)
+    fields = {**preset_fields(recipe.model.preset), **recipe.model.config}
+    source = "the digits vocabulary" if recipe.data.source == "digits" else "the tokenizer"
+    if fields.get("vocab_size", vocab_size) < vocab_size:
+        raise ValueError(f"recipe.model.config.vocab_size={fields['vocab_size']} is smaller than "
+                         f"{source} ({vocab_size} tokens)")
+    fields.setdefault("vocab_size", vocab_size)
     fields.update(mask_token_id=roles.mask_id, eos_token_id=roles.eos_id, pad_token_id=roles.pad_id,
                   block_size=recipe.train.block_size)
     torch.manual_seed(recipe.train.seed)
@@ -86,7 +114,8 @@ def build_model(recipe: Recipe, tokenizer):
             return model, dataclasses.replace(DIGIT_ROLES, mask_id=mask_id)
         return model, tokenizer_roles(tokenizer, mask_id=mask_id)
     roles = DIGIT_ROLES if tokenizer is None else tokenizer_roles(tokenizer)
-    return fresh_model(recipe, roles, None if tokenizer is None else len(tokenizer)), roles
+    vocab_size = len(DIGIT_VOCAB) if tokenizer is None else len(tokenizer)
+    return fresh_model(recipe, roles, vocab_size), roles
 
 
 def build_data(recipe: Recipe, tokenizer, roles: TokenRoles, model):
@@ -123,6 +152,18 @@ def _fits(pair, data) -> bool:
             and (data.max_response_len is None or len(pair.response_ids) <= data.max_response_len))
 
 
+def whole_model(sharded, state: dict, dist: DistInfo):
+    """Rank 0: an unsharded copy of an FSDP model carrying `state` (the gathered weights);
+    other ranks keep their shards."""
+    if not dist.is_main:
+        return sharded
+    from clover.model import CloverMoeForCausalLM
+
+    model = CloverMoeForCausalLM(sharded.config)
+    model.load_state_dict(state)
+    return model
+
+
 def run_recipe(recipe: Recipe, resume: bool = False, max_steps: int | None = None,
                max_minutes: float | None = None, progress: bool = True) -> RunResult:
     dist = init_distributed(recipe.device)
@@ -148,6 +189,8 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress) -> RunResult:
         trainer.log("resume requested but no checkpoint found: starting from step 0")
     summary = trainer.train(max_steps=max_steps, max_minutes=max_minutes)
     export_dir = None
+    if is_sharded(model):  # gather the shards into a whole model on rank 0
+        model = whole_model(model, full_state_dict(model), dist)
     if dist.is_main:
         export_dir = export_checkpoint(model, run_dir / "final", roles.eos_ids, roles.pad_id,
                                        recipe.train.block_size, tokenizer, recipe.export_dtype,

@@ -1,9 +1,13 @@
-"""The training loop: AdamW + warm-up/cosine, clipping, bf16 autocast, evaluation, exact resume.
+"""The training loop: AdamW + warm-up/cosine, clipping, bf16, evaluation, exact resume, and the
+scale-out strategies (DDP replicas or FSDP2 shards, activation checkpointing).
 
 Contract: the trainer owns the optimizer, the scheduler and the run directory; the caller owns
-the model (already on its device) and the dataset. Step `s` always trains on global batch `s`
-with noise seeded by (seed, s, rank), so a run resumed from a checkpoint continues exactly as the
-uninterrupted run would have. Only rank 0 writes files.
+the model (already on its device; the trainer shards it in place under FSDP) and the dataset.
+Step `s` always trains on global batch `s`, each example's noise seeded by (seed, s, its position
+in the global batch), and the loss is normalized by the global number of targets: the objective
+of a step does not depend on the world size, a run resumed from a checkpoint continues exactly
+as the uninterrupted run would have, and a checkpoint resumes at another world size.
+Only rank 0 writes files; checkpoints are collective (every rank writes its shards).
 """
 
 import json
@@ -18,10 +22,12 @@ from tqdm import tqdm
 
 from . import checkpointing as ckpt
 from .data import PairDataset
-from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag, wrap_ddp
+from .activation_checkpointing import checkpoint_layers
+from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
-from .noising import noise_generator, sample_block_noise
+from .noising import noise_generator, sample_example_noise
 from .optim import build_optimizer, build_scheduler
+from .sharding import STRATEGIES, clip_gradients, distribute, shard_fsdp, sync_replicated_grads
 
 EvalFn = Callable[[torch.nn.Module, int], dict[str, float]]
 DTYPES = ("fp32", "bf16")
@@ -45,12 +51,16 @@ class TrainConfig:
     use_coreset: bool | None = None  # block-mode coreset in training (None: the model config's)
     eval_interval: int = 0  # 0: evaluate only at the end
     save_interval: int = 0  # 0: checkpoint only when stopping
-    log_interval: int = 10
+    log_interval: int = 10  # train.log line every N steps (metrics.jsonl gets every step)
     keep_checkpoints: int = 2
+    strategy: str = "ddp"  # under torchrun: "ddp" (replicas) or "fsdp" (FSDP2 shards per layer)
+    activation_checkpointing: bool = False  # recompute each decoder layer in the backward pass
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {DTYPES}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy={self.strategy!r} must be one of {STRATEGIES}")
         for name in ("steps", "batch_size", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive")
@@ -91,7 +101,12 @@ class Trainer:
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.eval_fn, self.progress = eval_fn, progress
         self.device = next(model.parameters()).device
-        self.engine = wrap_ddp(JointLoss(model, config.block_size, config.alpha, config.use_coreset), dist)
+        if config.activation_checkpointing:
+            checkpoint_layers(model)
+        self.sharded = config.strategy == "fsdp" and dist.enabled
+        self.replicated = shard_fsdp(model, config.dtype) if self.sharded else []
+        loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset)
+        self.engine = distribute(loss, model, config.strategy, dist)
         self.optimizer = build_optimizer(model, config.lr, config.weight_decay, config.betas)
         self.scheduler = build_scheduler(self.optimizer, config.warmup_steps, config.steps,
                                          config.min_lr_ratio)
@@ -103,36 +118,39 @@ class Trainer:
     # -- one step -------------------------------------------------------------------------------
 
     def _autocast(self):
-        if self.config.dtype == "bf16":
+        if self.config.dtype == "bf16" and not self.sharded:  # FSDP casts through its policy
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
     def train_step(self) -> StepStats:
         cfg, rank = self.config, self.dist.rank
         start = time.perf_counter()
-        batch = self.dataset.batch(self.step, rank, self.dist.world_size)
-        noise = sample_block_noise(batch.target_mask, cfg.block_size, cfg.eps,
-                                   noise_generator(cfg.seed, self.step, rank))
+        world = self.dist.world_size
+        batch = self.dataset.batch(self.step, rank, world)
+        positions = self.dataset.rank_slice(rank, world)  # this rank's rows in the global batch
+        noise = sample_example_noise(batch.target_mask, cfg.block_size, cfg.eps,
+                                     [noise_generator(cfg.seed, self.step, i) for i in positions])
+        global_targets, = all_reduce_sum([batch.num_targets], self.dist)
         batch, noise = batch.to(self.device), noise.to(self.device)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
-            result = self.engine(batch, noise)
+            # ranks' gradients are averaged: normalize by the per-rank share of all targets
+            result = self.engine(batch, noise, global_targets / world)
         result.total.backward()
+        sync_replicated_grads(self.replicated, self.dist)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grad_norm = clip_gradients(params, max_norm)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        world = self.dist.world_size
-        loss, l_ar, l_diff, tokens, targets = all_reduce_sum(
-            [result.total.item(), result.l_ar.item(), result.l_diff.item(), batch.num_tokens,
-             result.num_targets], self.dist)
+        loss, l_ar, l_diff, tokens = all_reduce_sum(
+            [result.total.item(), result.l_ar.item(), result.l_diff.item(), batch.num_tokens], self.dist)
         self.tokens_seen += int(tokens)
-        return StepStats(self.step, loss / world, l_ar / world, l_diff / world, lr, float(grad_norm),
-                         int(tokens), int(targets), time.perf_counter() - start)
+        return StepStats(self.step, loss / world, l_ar / world, l_diff / world, lr, grad_norm,
+                         int(tokens), int(global_targets), time.perf_counter() - start)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -146,15 +164,19 @@ class Trainer:
                    dynamic_ncols=True, desc="train")
         self.log(f"start step={self.step} stop_at={stop_at} world={self.dist.world_size}")
         tokens = seconds = 0
+        first = self.step
         last, reason = None, "done"
         while self.step < stop_at:
             last = self.train_step()
             tokens, seconds = tokens + last.tokens, seconds + last.seconds
             bar.update(1)
+            rate = tokens / seconds
+            eta = seconds / (self.step - first) * (stop_at - self.step)
             bar.set_postfix(loss=f"{last.loss:.3f}", ar=f"{last.l_ar:.3f}", diff=f"{last.l_diff:.3f}",
-                            tok_s=f"{tokens / seconds:.0f}")
-            if cfg.log_interval and (self.step % cfg.log_interval == 0 or self.step == stop_at):
-                self._log_metrics({**asdict(last), "tokens_per_second": tokens / seconds})
+                            tok_s=f"{rate:.0f}")
+            metrics = {**asdict(last), "tokens_per_second": rate, "eta_seconds": eta}
+            self._log_metrics(metrics, text=bool(cfg.log_interval) and (
+                self.step % cfg.log_interval == 0 or self.step == stop_at))
             if cfg.save_interval and self.step % cfg.save_interval == 0 and self.step < stop_at:
                 self.save()
             if cfg.eval_interval and self.step % cfg.eval_interval == 0 and self.step < stop_at:
@@ -174,52 +196,54 @@ class Trainer:
         return summary
 
     def evaluate(self) -> dict[str, float]:
-        """Run the eval callback on rank 0 (no grad, eval mode) and log its metrics."""
+        """Run the eval callback on rank 0 (no grad, eval mode) and log its metrics. A sharded
+        model needs every rank in each forward, so under FSDP every rank runs it (identically)."""
         metrics: dict[str, float] = {}
-        if self.eval_fn is not None and self.dist.is_main:
+        if self.eval_fn is not None and (self.dist.is_main or self.sharded):
             self.model.eval()
             with torch.no_grad(), self._autocast():
                 metrics = self.eval_fn(self.model, self.step)
             self.model.train()
-            self._log_metrics({"step": self.step, **{f"eval/{k}": v for k, v in metrics.items()}})
+            self._log_metrics({"step": self.step, **{f"eval/{k}": v for k, v in metrics.items()}}, text=True)
         barrier(self.dist)
         return metrics
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def state(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "rng": ckpt.capture_rng(),
-                "step": self.step, "data_position": self.step * self.dataset.batch_size,
-                "tokens_seen": self.tokens_seen, "config": asdict(self.config)}
+    def meta(self) -> dict:
+        """What a checkpoint holds besides tensors (JSON: counters, config, scheduler, RNG)."""
+        return {"step": self.step, "data_position": self.step * self.dataset.batch_size,
+                "tokens_seen": self.tokens_seen, "config": asdict(self.config),
+                "scheduler": self.scheduler.state_dict(), "rng": ckpt.capture_rng()}
 
     def save(self) -> Path | None:
-        """Checkpoint the run (rank 0 writes; every rank waits for it)."""
-        path = None
-        if self.dist.is_main and self.run_dir is not None:
-            path = ckpt.save_checkpoint(self.run_dir, self.step, self.state(), self.config.keep_checkpoints)
-            self.log(f"checkpoint {path}")
-        barrier(self.dist)
+        """Checkpoint the run (collective: every rank writes its shards, rank 0 the rest)."""
+        if self.run_dir is None:
+            return None
+        path = ckpt.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.meta(),
+                                    self.dist, self.config.keep_checkpoints)
+        self.log(f"checkpoint {path}")
         return path
 
-    def load_state(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def resume(self, path: str | Path | None = None) -> bool:
+        """Load `path` or the run dir's latest checkpoint (written at any world size); False
+        when there is none. Old pickled `step-N.pt` files are never opened."""
+        if path is None and self.run_dir is not None:
+            for legacy in ckpt.legacy_checkpoints(self.run_dir):
+                self.log(f"warning: ignoring {legacy}: pickled checkpoints of older versions are not loaded")
+            path = ckpt.latest_checkpoint(self.run_dir)
+        if path is None:
+            return False
+        state = ckpt.load_checkpoint(path, self.model, self.optimizer, self.dist)
+        changed = sorted(k for k, v in asdict(self.config).items()
+                         if _jsonable(state["config"].get(k)) != _jsonable(v))
+        if changed:  # allowed (e.g. a longer run), but the resumed run is then a different run
+            self.log(f"warning: config differs from the checkpoint's in {changed}")
         self.scheduler.load_state_dict(state["scheduler"])
         ckpt.restore_rng(state["rng"])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-
-    def resume(self, path: str | Path | None = None) -> bool:
-        """Load `path` or the run dir's latest checkpoint; False when there is none."""
-        path = path or (ckpt.latest_checkpoint(self.run_dir) if self.run_dir else None)
-        if path is None:
-            return False
-        state = ckpt.load_checkpoint(path)
-        changed = sorted(k for k, v in asdict(self.config).items() if state["config"].get(k) != v)
-        if changed:  # allowed (e.g. a longer run), but the resumed run is then a different run
-            self.log(f"warning: config differs from the checkpoint's in {changed}")
-        self.load_state(state)
-        self.log(f"resumed from {path} at step {self.step}")
+        self.log(f"resumed from {path} at step {self.step} (saved by {state['world_size']} rank(s), "
+                 f"now {self.dist.world_size})")
         return True
 
     # -- logs -----------------------------------------------------------------------------------
@@ -229,9 +253,16 @@ class Trainer:
             with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
                 f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
 
-    def _log_metrics(self, metrics: dict) -> None:
+    def _log_metrics(self, metrics: dict, text: bool = False) -> None:
+        """One JSON line in metrics.jsonl; also in train.log when `text`."""
         if self.dist.is_main and self.run_dir is not None:
             line = json.dumps(metrics, default=float)
             with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(line + "\n")
-            self.log(line)
+            if text:
+                self.log(line)
+
+
+def _jsonable(value):
+    """Tuples read back from JSON as lists."""
+    return list(value) if isinstance(value, tuple) else value

@@ -2,9 +2,11 @@
 
 import json
 
+import pytest
 import torch
 
 from clover.cli.main import main
+from clover.training.checkpointing import latest_checkpoint, load_model_tensors
 from tests.training.conftest import DIGITS_MODEL
 
 TINY = {k: v for k, v in DIGITS_MODEL.items()
@@ -34,7 +36,7 @@ def test_train_resume_and_export(tmp_path, capsys):
     assert main(args + ["--resume"]) == 0
     assert "step 3 (done)" in capsys.readouterr().out
     log = (run / "train.log").read_text()
-    assert "resumed from" in log and "step-0000002.pt" in log
+    assert "resumed from" in log and "step-0000002" in log
 
     from clover.data.tokenizer import load_tokenizer
     from clover.model import CloverMoeForCausalLM
@@ -47,9 +49,9 @@ def test_train_resume_and_export(tmp_path, capsys):
     gen = json.loads((final / "generation_config.json").read_text())
     assert gen["block_size"] == 8 and gen["presence_penalty"] == 0.0
     assert set(gen["eos_token_id"]) == {tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id}
-    state = torch.load(sorted((run / "checkpoints").iterdir())[-1], weights_only=False)
+    saved = load_model_tensors(latest_checkpoint(run))
     for name, p in model.state_dict().items():
-        torch.testing.assert_close(p, state["model"][name], rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(p, saved[name], rtol=0, atol=0, msg=name)
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("eval/l_diff" in m for m in metrics)
     assert any("eval/acc/mean" in m for m in metrics)  # task accuracy through model.generate
@@ -67,3 +69,60 @@ def test_bad_recipe_is_a_clean_error(tmp_path, capsys):
     recipe.write_text(json.dumps({"model": {"config": TINY}, "train": {"steps": 1}}))
     assert main(["train", str(recipe)]) == 2
     assert "batch_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"model": {"config": {"hidden_size": 32}}, "train": {"steps": 1, "batch_size": 2, "block_size": 4, "lr": "fast"}}',
+     "recipe.train.lr: Input should be a valid number (got 'fast')"),
+    ('{"model": {"config": {"hidden_size": 32}}, "train": {"steps": "5", "batch_size": 2, "block_size": 4}}',
+     "recipe.train.steps: Input should be a valid integer"),
+    ('{"model": {"config": {"hidden_size": 32}}, "train": {"steps": 1, "batch_size": 2, "block_size": 4, "strategy": "zero"}}',
+     "strategy='zero' must be one of"),
+    ('{"model": {"config": {"hidden_size": 32}}, "train": {"steps": 1,}}', "JSON syntax error at line 1"),
+])
+def test_bad_recipe_is_one_line_and_leaves_nothing(tmp_path, capsys, text, message):
+    recipe = tmp_path / "bad.json"
+    recipe.write_text(text)
+    run = tmp_path / "run"
+    assert main(["train", str(recipe), "--output", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not run.exists()
+
+
+def test_yaml_syntax_error_is_one_line(tmp_path, capsys):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("model:\n  config: {hidden_size: 32\ntrain: [\n")
+    assert main(["train", str(recipe), "--output", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "YAML syntax error at line" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_digits_recipe_without_vocab_size_builds_the_digit_vocabulary(tmp_path, capsys):
+    from clover.training.recipe import recipe_from_dict
+    from clover.training.run import build_model
+    from clover.training.sources import DIGIT_ROLES, DIGIT_VOCAB
+
+    data = {"model": {"config": TINY}, "data": {"source": "digits"},
+            "train": {"steps": 1, "batch_size": 2, "block_size": 4}}
+    model, roles = build_model(recipe_from_dict(data), None)
+    assert model.config.vocab_size == len(DIGIT_VOCAB) == 16
+    assert model.config.mask_token_id == roles.mask_id == DIGIT_ROLES.mask_id
+    small = {**data, "model": {"config": {**TINY, "vocab_size": 8}}}
+    with pytest.raises(ValueError, match=r"vocab_size=8 is smaller than the digits vocabulary \(16 tokens\)"):
+        build_model(recipe_from_dict(small), None)
+
+
+def test_plan_prints_the_35b_table(capsys):
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "clover-35b-a3b-fsdp.json"
+    assert main(["train", str(recipe), "--plan"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "fits 80 GB" in lines[1] and "fits 141 GB" in lines[1]
+    rows = {(r.split()[0], r.split()[1]): r.split() for r in lines[2:-1]}
+    assert set(rows) == {("8", "fsdp"), ("8", "ddp"), ("16", "fsdp"), ("16", "ddp")}
+    # FSDP splits parameters + gradients + optimizer state (16 bytes per parameter) over the ranks
+    assert abs(float(rows[("8", "fsdp")][2]) * 8 - float(rows[("8", "ddp")][2])) < 0.5
+    assert rows[("16", "ddp")][-1] == "no" and rows[("16", "fsdp")][-1] == "yes"
