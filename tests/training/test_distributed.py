@@ -39,6 +39,6 @@ def test_torchrun_two_ranks_agree(tmp_path):
         assert torch.equal(a, ranks[1]["params"][name]), name
     run = tmp_path / "run"
     assert (run / "final" / "config.json").exists()
-    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-0000004.pt"]
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-0000004"]
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert sum("loss" in x for x in lines) == 4  # rank 0 alone logs
