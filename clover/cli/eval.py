@@ -31,7 +31,7 @@ def run(args) -> int:
     from transformers import AutoTokenizer
 
     from clover import CloverMoeForCausalLM, default_model_dir
-    from clover.data import TASKS, eval_examples, get_task
+    from clover.data import EVAL_TASKS, TASKS, eval_examples, get_task
     from clover.evaluation.run import evaluate, report_lines
 
     if args.limit <= 0:
@@ -45,7 +45,7 @@ def run(args) -> int:
     model_dir = args.model or default_model_dir()
     model = CloverMoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tasks = [get_task(n) for n in (TASKS if args.task == "all" else [args.task])]
+    tasks = [get_task(n) for n in (EVAL_TASKS if args.task == "all" else [args.task])]
     examples = eval_examples(args.limit, seed=args.seed, tasks=tasks)
     report = evaluate(model, tokenizer, examples, model_name=str(model_dir), task=args.task,
                       threshold=args.threshold, block_size=args.block_size,

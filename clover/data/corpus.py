@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from clover.data.tasks import TASKS, Example, Task, get_task
+from clover.data.tasks import EVAL_TASKS, Example, Task, get_task
 from clover.data.tokenizer import IM_END, train_tokenizer
 
 SEED_STRIDE = 1_000_000_007
@@ -31,7 +31,7 @@ class ChatText(NamedTuple):
 
 def default_tasks() -> list[Task]:
     """Every registered task with its default options, in registry order."""
-    return [get_task(name) for name in TASKS]
+    return [get_task(name) for name in EVAL_TASKS]
 
 
 def training_examples(n: int, seed: int, tasks: Sequence[Task] | None = None) -> list[Example]:

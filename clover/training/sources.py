@@ -67,10 +67,10 @@ def tokenizer_roles(tokenizer, mask_id: int | None = None) -> TokenRoles:
 
 def build_tasks(names=(), options: dict | None = None) -> list:
     """Task objects for `names` (all registered tasks when empty), with per-task options."""
-    from clover.data.tasks import TASKS, get_task
+    from clover.data.tasks import EVAL_TASKS, get_task
 
     options = options or {}
-    return [get_task(name, **options.get(name, {})) for name in (names or list(TASKS))]
+    return [get_task(name, **options.get(name, {})) for name in (names or list(EVAL_TASKS))]
 
 
 def encode_examples(tokenizer, examples, enable_thinking: bool | list[bool] = False) -> list[Pair]:

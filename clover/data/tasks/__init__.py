@@ -10,6 +10,7 @@ from typing import Any
 
 from clover.data.tasks.airspace import AirspaceTask
 from clover.data.tasks.base import SPLITS, Example, Task, split_of
+from clover.data.tasks.copy import CopyTask
 from clover.data.tasks.joint import JointTask
 from clover.data.tasks.record import RecordTask
 
@@ -17,7 +18,10 @@ TASKS: dict[str, type[Task]] = {
     AirspaceTask.name: AirspaceTask,
     JointTask.name: JointTask,
     RecordTask.name: RecordTask,
+    CopyTask.name: CopyTask,
 }
+# What `clover eval` and the default mixtures use: every task but the curriculum ones.
+EVAL_TASKS: tuple[str, ...] = tuple(name for name, cls in TASKS.items() if not cls.curriculum)
 
 
 def get_task(name: str, **options: Any) -> Task:
@@ -29,4 +33,4 @@ def get_task(name: str, **options: Any) -> Task:
     return cls(**options)
 
 
-__all__ = ["TASKS", "SPLITS", "Example", "Task", "get_task", "split_of"]
+__all__ = ["EVAL_TASKS", "TASKS", "SPLITS", "Example", "Task", "get_task", "split_of"]

@@ -53,6 +53,7 @@ class Task(abc.ABC):
     """
 
     name: str = ""
+    curriculum: bool = False  # a training-only stage (kept out of evaluation and default mixtures)
 
     def generate(self, seed: int, split: str) -> Example:
         """The example for ``(seed, split)``; its prompt always satisfies ``split_of``."""
