@@ -12,7 +12,7 @@ from clover.data.corpus import (
     tokenizer_corpus,
     training_examples,
 )
-from clover.data.tasks import TASKS, split_of
+from clover.data.tasks import EVAL_TASKS, TASKS, split_of
 from clover.data.tokenizer import train_tokenizer
 
 
@@ -24,14 +24,14 @@ def tok():
 def test_training_mixture_is_balanced_and_reproducible():
     a, b = training_examples(90, seed=3), training_examples(90, seed=3)
     assert a == b
-    assert Counter(e.task for e in a) == {name: 30 for name in TASKS}
+    assert Counter(e.task for e in a) == {name: 30 for name in EVAL_TASKS}
     assert all(split_of(e.prompt) == "train" for e in a)
     assert training_examples(30, seed=4) != training_examples(30, seed=3)[:30]
 
 
 def test_eval_examples_are_eval_split():
     evals = eval_examples(5, seed=0)
-    assert [e.task for e in evals] == [name for name in TASKS for _ in range(5)]
+    assert [e.task for e in evals] == [name for name in EVAL_TASKS for _ in range(5)]
     assert all(split_of(e.prompt) == "eval" for e in evals)
     assert evals == eval_examples(5, seed=0)
     train_prompts = {e.prompt for e in training_examples(600, seed=0)}
@@ -63,3 +63,8 @@ def test_record_answers_are_long(tok):
 def test_default_prompts_are_short(tok):
     lengths = [len(tok.encode(format_chat(tok, e).prompt, add_special_tokens=False)) for e in eval_examples(50)]
     assert max(lengths) < 400 and sum(lengths) / len(lengths) < 300
+
+
+def test_curriculum_tasks_stay_out_of_evaluation():
+    assert "copy" in TASKS and "copy" not in EVAL_TASKS
+    assert set(EVAL_TASKS) == {"airspace", "joint", "record"}
