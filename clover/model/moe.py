@@ -79,7 +79,7 @@ class Experts(nn.Module):
     @staticmethod
     def _weight(stacked, e: int, dtype: torch.dtype) -> torch.Tensor:
         """Expert e's weight: a slice of the float stack, or dequantized (`quantized.QuantizedWeight`)."""
-        return stacked.dequantize(dtype, e) if hasattr(stacked, "dequantize") else stacked[e]
+        return stacked[e] if isinstance(stacked, torch.Tensor) else stacked.dequantize(dtype, e)
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self._weight(self.gate_up_proj, e, x.dtype)).chunk(2, dim=-1)
