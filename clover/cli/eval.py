@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import torch
-    from transformers import AutoTokenizer
+    from clover.checkpoint.tokenizer_load import load_tokenizer
 
     from clover import CloverMoeForCausalLM, default_model_dir
     from clover.data import EVAL_TASKS, TASKS, eval_examples, get_task
@@ -44,7 +44,7 @@ def run(args) -> int:
         raise ValueError(f"--task={args.task!r} is unknown; known: {sorted(TASKS)} or 'all'")
     model_dir = args.model or default_model_dir()
     model = CloverMoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     tasks = [get_task(n) for n in (EVAL_TASKS if args.task == "all" else [args.task])]
     examples = eval_examples(args.limit, seed=args.seed, tasks=tasks)
     report = evaluate(model, tokenizer, examples, model_name=str(model_dir), task=args.task,

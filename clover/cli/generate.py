@@ -69,14 +69,14 @@ def model_dir(path: str | None):
 
 def load(path, device: str | None):
     import torch
-    from transformers import AutoTokenizer
+    from clover.checkpoint.tokenizer_load import load_tokenizer
 
     from clover import CloverMoeForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     model = CloverMoeForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    return model, AutoTokenizer.from_pretrained(path)
+    return model, load_tokenizer(path)
 
 
 def prompt_ids(tokenizer, text: str, args) -> list[int]:

@@ -4,7 +4,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ["info", "convert", "generate", "train", "eval", "serve", "bench"]
+COMMANDS = ["info", "convert", "quantize", "generate", "train", "eval", "serve", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ from .checkpoint_names import (CONFIG_FILE, GENERATION_CONFIG_FILE, block_file, 
                                is_fused_experts, split_experts)
 from .checkpoint_save import (PendingTensor, atomic_directory, copy_model_code, write_block_files,
                               write_config, write_generation_config, write_weights)
+from .quantized import quantization_spec, quantize_modules
 
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "revision", "token")
 # accepted for compatibility with transformers' loaders; they do not change what this loader does
@@ -130,6 +131,8 @@ class CheckpointMixin:
         dtype = _as_dtype(dtype)
         with params_on_meta(keep_real=is_block_attr):
             model = cls(config, *model_args)
+        if (spec := quantization_spec(config)) is not None:  # a quantized checkpoint: its modules first
+            quantize_modules(model, *spec)
         tied = tied_parameters(model)
         expected = {n: tuple(p.shape) for n, p in model.named_parameters() if n not in tied}
         load_parameters(model, ckpt, plan_sources(ckpt, expected, tied), dtype, resolve_device(device_map))

@@ -219,7 +219,9 @@ def load_parameters(model: nn.Module, ckpt: CheckpointIndex, plan: LoadPlan, dty
     bar = logging.tqdm(total=len(plan.sources), desc="Loading checkpoint", unit="tensor",
                        disable=total < PROGRESS_MIN_BYTES)
     for name, parts in plan.sources.items():
-        _assign(model, name, read_parameter(ckpt.root, parts, tuple(params[name].shape), dtype, device))
+        # integer parameters (quantized weights) keep their stored dtype; float ones take `dtype`
+        target = dtype if params[name].is_floating_point() else params[name].dtype
+        _assign(model, name, read_parameter(ckpt.root, parts, tuple(params[name].shape), target, device))
         bar.update(1)
     bar.close()
     for name in plan.defaults:

@@ -76,9 +76,14 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
 
+    @staticmethod
+    def _weight(stacked, e: int, dtype: torch.dtype) -> torch.Tensor:
+        """Expert e's weight: a slice of the float stack, or dequantized (`quantized.QuantizedWeight`)."""
+        return stacked[e] if isinstance(stacked, torch.Tensor) else stacked.dequantize(dtype, e)
+
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj[e])
+        gate, up = F.linear(x, self._weight(self.gate_up_proj, e, x.dtype)).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self._weight(self.down_proj, e, x.dtype))
 
     def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """Grouped dispatch: sort the (token, slot) pairs by expert, run each expert on its rows, then
@@ -92,7 +97,7 @@ class Experts(nn.Module):
         tokens = slots // k
         counts = torch.bincount(flat_experts[slots], minlength=self.num_experts)  # rows per expert
         rows = x[tokens]  # [S, hidden], S = kept slots, in expert order
-        if use_grouped_mm(rows, self.gate_up_proj):
+        if isinstance(self.gate_up_proj, nn.Parameter) and use_grouped_mm(rows, self.gate_up_proj):
             y = self.grouped_mm_forward(rows, counts)
         else:
             y = self.loop_forward(rows, counts)

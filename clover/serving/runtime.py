@@ -55,7 +55,7 @@ def pick_device(device: str) -> torch.device:
 
 def load_model_and_tokenizer(model_dir: str | Path, dtype: str = "auto", device: str = "auto"):
     """A Clover checkpoint directory (SPEC §9) -> (model in eval mode, tokenizer)."""
-    from transformers import AutoTokenizer
+    from clover.checkpoint.tokenizer_load import load_tokenizer
 
     from clover.model import CloverMoeForCausalLM
 
@@ -65,5 +65,5 @@ def load_model_and_tokenizer(model_dir: str | Path, dtype: str = "auto", device:
     torch_dtype = DTYPES[dtype] or (torch.bfloat16 if target.type == "cuda" else torch.float32)
     log.info("loading %s (%s on %s)", model_dir, torch_dtype, target)
     model = CloverMoeForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype, device_map=str(target))
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    tokenizer = load_tokenizer(model_dir, local_files_only=True)
     return model.eval(), tokenizer

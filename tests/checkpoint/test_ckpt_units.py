@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, models
 
 from ckpt_helpers import SPECIALS, make_tokenizer
 from clover.checkpoint.convert import choose_mask_id
-from clover.checkpoint.tokenizer_files import MASK_TOKEN, place_mask_token
+from clover.checkpoint.mask_token import MASK_TOKEN, place_mask_token
 from clover.model.checkpoint_io import resolve_device
 from clover.model.checkpoint_names import expert_key, normalize_key
 from clover.model.checkpoint_save import parse_size, plan_shards
@@ -44,8 +44,8 @@ def test_place_mask_refuses_what_tokenizers_cannot_hold(tokenizer_json):
     with pytest.raises(ValueError, match="already has"):
         place_mask_token(already, 3)
     bpe = Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2, "c": 3}, [("a", "b")]))
-    with pytest.raises(ValueError, match="merges"):
-        place_mask_token(json.loads(bpe.to_str()), 2)
+    merged = ids_after(place_mask_token(json.loads(bpe.to_str()), 2))  # a merged token: its merge goes
+    assert merged.token_to_id(MASK_TOKEN) == 2 and merged.encode("ab").ids == [0, 1]
     assert ids_after(place_mask_token(json.loads(bpe.to_str()), 3)).token_to_id(MASK_TOKEN) == 3
 
 

@@ -1,0 +1,148 @@
+"""Weight-only INT8 / INT4 against fp32: per-layer relative error, weight bytes, exact-match accuracy
+on the embedded model, and forward speed on a small random config (CPU, plain PyTorch path).
+
+Reproduce: `python benchmarks/quantization.py [--limit 10] [--write]` (--write updates BENCHMARKS.md).
+"""
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import write_section  # noqa: E402
+
+EMBEDDED_GROUP = 64  # divides every quantized width of clover-tiny (192, 64); 128 does not
+SMALL = dict(vocab_size=8192, hidden_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
+             linear_value_head_dim=64, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=256,
+             shared_expert_intermediate_size=256, mask_token_id=8191, max_position_embeddings=4096)
+
+
+def weight_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def embedded_rows(limit: int) -> list[str]:
+    from clover import CloverMoeForCausalLM, default_model_dir
+    from clover.checkpoint.tokenizer_load import load_tokenizer
+    from clover.data import eval_examples
+    from clover.data.corpus import format_chat
+    from clover.evaluation.run import evaluate
+    from clover.quantization import layer_errors, quantize_model
+
+    path = default_model_dir()
+    fp32 = CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(path)
+    examples = eval_examples(limit, seed=0)
+    ids = tokenizer(format_chat(tokenizer, examples[0])[0], return_tensors="pt").input_ids
+    rows = ["| weights | bytes | bytes/param (quantized part) | logits rel. err | max layer rel. err | "
+            "accuracy | tokens/forward |", "|---|---:|---:|---:|---:|---:|---:|"]
+    base = weight_bytes(fp32)
+    for bits in (None, 8, 4):
+        model = fp32 if bits is None else quantize_model(copy.deepcopy(fp32), bits, EMBEDDED_GROUP)
+        errors = layer_errors(fp32, model, ids) if bits else []
+        report = evaluate(model, tokenizer, examples, with_ar=False, show_progress=False)
+        name = "fp32" if bits is None else f"int{bits}, group {EMBEDDED_GROUP}"
+        per_param = "4" if bits is None else f"{(bits + 32 * (2 if bits == 4 else 1) / EMBEDDED_GROUP) / 8:.3f}"
+        err = f"{errors[-1].relative:.4f}" if errors else "–"
+        worst = f"{max(e.relative for e in errors[:-1]):.4f}" if errors else "–"
+        d = report.diffusion
+        rows.append(f"| {name} | {weight_bytes(model) / 1e6:.2f} MB ({weight_bytes(model) / base:.2f}×) | "
+                    f"{per_param} | {err} | {worst} | {d.accuracy:.3f} ({d.correct}/{d.n}) | "
+                    f"{d.new_tokens / max(d.forwards, 1):.2f} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def median_ms(fn, runs: int = 7, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def speed_rows() -> list[str]:
+    from clover.model import CloverMoeConfig, CloverMoeForCausalLM
+    from clover.model.cache import CloverCache
+    from clover.quantization import layer_errors, quantize_model
+
+    torch.manual_seed(0)
+    fp32 = CloverMoeForCausalLM(CloverMoeConfig(**SMALL)).eval()
+    prefix = torch.randint(0, 8000, (1, 128))
+    rows = ["| weights | MB | decode step ms | ×fp32 | 32-token block step ms | ×fp32 | logits rel. err |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    base = {}
+    for bits in (None, 8, 4):
+        model = fp32 if bits is None else quantize_model(copy.deepcopy(fp32), bits, 128)
+        cache = CloverCache(model.config.layer_types)
+        model(prefix, past_key_values=cache)
+        token, block = prefix[:, :1], torch.full((1, 32), SMALL["mask_token_id"])
+        decode = median_ms(lambda: model(token, past_key_values=copy.deepcopy(cache)))
+        block_ms = median_ms(lambda: model(block, past_key_values=cache, block_len=32))
+        base.setdefault("decode", decode)
+        base.setdefault("block", block_ms)
+        err = f"{layer_errors(fp32, model, prefix[:, :64])[-1].relative:.4f}" if bits else "–"
+        rows.append(f"| {'fp32' if bits is None else f'int{bits}, group 128'} | {weight_bytes(model) / 1e6:.1f} | "
+                    f"{decode:.1f} | {decode / base['decode']:.2f} | {block_ms:.1f} | {block_ms / base['block']:.2f} | {err} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--limit", type=int, default=10, help="eval prompts per task on the embedded model")
+    parser.add_argument("--write", action="store_true", help="update the section of BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    embedded = embedded_rows(args.limit)
+    speed = speed_rows()
+    if args.write:
+        lines = [
+            "Weight-only, group-wise (`clover quantize SRC DST --bits {8,4}`; `clover.quantization.quantize_model`"
+            " in memory). Quantized: routed experts, shared expert, attention q/k/v/o, GDN in_proj_qkv /"
+            " in_proj_z / out_proj; float: embeddings, lm_head, norms, router, shared-expert gate, GDN"
+            " in_proj_a/b, conv, bd_gdn scalars. INT8 symmetric, INT4 min-max with zero point (torch's"
+            " int4pack convention; a test checks our format against `_weight_int4pack_mm_for_cpu`). The"
+            " forward is the plain PyTorch path: dequantize (only the experts a call hits), then the float"
+            " matmul; it saves memory, not time.",
+            "",
+            f"Reproduce: `python benchmarks/quantization.py --limit {args.limit} --write` (CPU, fp32 activations,"
+            f" {torch.get_num_threads()} threads, on the shared 2-core dev box).",
+            "",
+            f"### Embedded model (clover-tiny, greedy block diffusion, {3 * args.limit} held-out prompts)",
+            "",
+            *embedded,
+            "",
+            "Relative errors: ||y_q − y_fp32|| / ||y_fp32|| on one eval prompt (decoder-layer outputs, each model"
+            " on its own inputs, so errors accumulate). Bytes/param counts scales (and INT4 zeros) as fp32.",
+            "",
+            "### Speed and size, small random config (hidden 512, 4 layers, 32 experts top-4, vocab 8k)",
+            "",
+            *speed,
+            "",
+            "Decode step: 1 token after a 128-token prefix; block step: 32 masks on the same cache; median of 7.",
+            "",
+            "Reading: the embedded model keeps its (low) accuracy and tokens/forward at INT8 and INT4, but it"
+            " scores near zero in fp32 as well, so the issue's accuracy-drop bound (≤ 1 point INT8, ≤ 3 INT4)"
+            " is met only vacuously here. The small config has default-init random weights and an untrained"
+            " router, so small weight errors flip expert choices: its logit errors overstate what a trained"
+            " model sees (compare the embedded model). INT8 dequantization is cheap enough that the decode"
+            " step is faster than fp32 (a quarter of the expert bytes read); INT4 unpacks nibbles in plain"
+            " PyTorch and runs ~3× slower. Not done: torch's int4pack CPU kernel as the INT4 fast path, and"
+            " any CUDA measurement (the same plain path runs on CUDA, untested here).",
+        ]
+        write_section(Path(__file__).parents[1] / "BENCHMARKS.md", "Quantization (INT8 / INT4 weights)", lines)
+
+
+if __name__ == "__main__":
+    main()
