@@ -86,7 +86,14 @@ def _tensor_state(model, optimizer) -> tuple[dict[str, torch.Tensor], list[dict]
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    tensors = {f"model.{k}": v for k, v in model_sd.items()}
+    tensors, storages = {}, set()
+    for k, v in model_sd.items():
+        local = v.to_local() if hasattr(v, "to_local") else v
+        storage = local.untyped_storage().data_ptr()
+        # tied weights (tie_word_embeddings) share storage, which safetensors refuses: the second
+        # name gets its own copy (equal values; loading writes the one parameter twice)
+        tensors[f"model.{k}"] = v.clone() if storage in storages else v
+        storages.add(storage)
     for fqn, values in optim_sd["state"].items():
         for name, value in values.items():
             tensors[f"optim.{fqn}.{name}"] = value

@@ -39,3 +39,25 @@ def test_crafted_pickles_are_never_loaded(tmp_path):
     for (name, a), (_, b) in zip(trainer.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.equal(a, b), name
     assert "pickled checkpoints of older versions are not loaded" in (run / "train.log").read_text()
+
+
+def test_tied_embeddings_checkpoint_and_resume(tmp_path):
+    """A model with tie_word_embeddings (shared storage) saves and resumes exactly."""
+    from clover.training.data import BatchSpec, PairDataset
+    from clover.training.sources import DigitTask
+    from clover.training.trainer import TrainConfig, Trainer
+    from tiny import tiny_model
+
+    def trainer():
+        model = tiny_model(vocab_size=16, mask_token_id=2, tie_word_embeddings=True)
+        data = PairDataset(DigitTask(), BatchSpec(4, 1, 0, (1, 0)), batch_size=4)
+        return Trainer(model, TrainConfig(steps=4, batch_size=4, block_size=4), data, tmp_path, progress=False)
+
+    first = trainer()
+    assert first.model.lm_head.weight is first.model.model.embed_tokens.weight
+    first.train_step(), first.train_step()
+    first.save()
+    losses = [first.train_step().loss for _ in range(2)]
+    resumed = trainer()
+    assert resumed.resume() and resumed.step == 2
+    assert [resumed.train_step().loss for _ in range(2)] == losses
