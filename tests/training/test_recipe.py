@@ -45,9 +45,17 @@ def test_yaml_and_json_load_the_same(tmp_path):
 def test_embedded_recipe_builds_a_small_model():
     from clover.model import CloverMoeConfig, CloverMoeForCausalLM
 
-    recipe = load_recipe(ROOT / "recipes" / "embedded.json")
+    recipe = load_recipe(ROOT / "recipes" / "embedded_ar.json")  # stage 1 builds the model
     config = CloverMoeConfig(**{**recipe.model.config, "vocab_size": 3000, "mask_token_id": 7,
                                 "block_size": recipe.train.block_size})
     assert set(config.layer_types) == {"linear_attention", "full_attention"}  # both mixers exercised
     params = sum(p.numel() for p in CloverMoeForCausalLM(config).parameters())
     assert params * 4 <= 20e6  # fp32 bytes, even with a 3000-token vocabulary
+
+
+def test_embedded_stage_two_starts_from_stage_one():
+    stage1 = load_recipe(ROOT / "recipes" / "embedded_ar.json")
+    stage2 = load_recipe(ROOT / "recipes" / "embedded.json")
+    assert stage1.train.alpha == 0 and stage2.train.alpha > 0  # AR first, then joint
+    assert stage2.model.init == f"{stage1.output_dir}/final"
+    assert "copy" in stage1.data.tasks and "copy" not in stage2.data.tasks
