@@ -77,7 +77,8 @@ def test_api_key_enforced(server):
     status, _, body = raw(server, "POST", "/v1/chat/completions", "{broken", key=None)
     assert status == 401  # the key is checked before the body is parsed
     assert raw(server, "GET", "/health", key=None)[0] == 200
-    assert raw(server, "GET", "/metrics", key=None)[0] == 200
+    assert raw(server, "GET", "/metrics", key=None)[0] == 401  # metrics are behind the key too
+    assert raw(server, "GET", "/metrics")[0] == 200
 
 
 def test_unknown_model(server):
