@@ -68,8 +68,8 @@ def _check_parts(req: ChatCompletionRequest) -> None:
 
 
 def _template_parameters(tokenizer) -> set[str]:
-    signature = inspect.signature(type(tokenizer).apply_chat_template)
-    return {n for n, p in signature.parameters.items() if p.kind is not p.VAR_KEYWORD} - {"self"}
+    signature = inspect.signature(tokenizer.apply_chat_template)
+    return {n for n, p in signature.parameters.items() if p.kind is not p.VAR_KEYWORD}
 
 
 def _template_kwargs(tokenizer, req: ChatCompletionRequest) -> dict:
