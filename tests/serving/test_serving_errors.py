@@ -38,9 +38,9 @@ def client_for(srv, key=KEY):
     return openai.OpenAI(api_key=key, base_url=srv.base_url + "/v1", max_retries=0, timeout=60)
 
 
-def raw(srv, method, path, body=None, headers=None, key=KEY):
+def raw(srv, method, path, body=None, headers=None, key=KEY, timeout=60):
     """(status, lower-cased headers, parsed JSON body or text) of one plain HTTP request."""
-    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout)
     h = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}),
          **(headers or {})}
     data = body if isinstance(body, (str, bytes)) or body is None else json.dumps(body)
