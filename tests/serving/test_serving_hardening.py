@@ -313,3 +313,28 @@ def test_connection_limit_answers_503(strict_server):
     while raw(strict_server, "GET", "/health")[0] != 200:  # the server notices the closed sockets
         assert time.time() < deadline
         time.sleep(0.05)
+
+
+def test_shutdown_drain_is_limited(tok):
+    """A request that never finishes does not hold the shutdown past `shutdown_timeout_s`."""
+    from serve_fixtures import GatedModel
+    from test_serving_errors import wait_for
+
+    model = GatedModel(tok)
+    app = create_app(ServerConfig(served_model_name=MODEL),
+                     lambda metrics: Runtime.from_objects(model, tok, EngineConfig(num_threads=1), metrics))
+    srv = ServerThread(app, ConnectionLimits(shutdown_timeout_s=1)).start()
+    try:
+        model.gate.set()
+        wait_ready(client_for(srv))
+        model.gate.clear()  # from now on every forward waits (up to 60 s)
+        worker = threading.Thread(target=lambda: raw(srv, "POST", "/v1/completions", completion_body()),
+                                  daemon=True)
+        worker.start()
+        wait_for(lambda: app.state.slot.runtime.engine.scheduler.num_running == 1)
+        srv.server.should_exit = True
+        srv.thread.join(timeout=40)
+        assert not srv.thread.is_alive()  # the drain gave up after 1 s, long before the gate's 60 s
+    finally:
+        model.gate.set()
+        srv.stop()
