@@ -5,7 +5,6 @@ included), streamed and not, never give a 5xx; every refusal is in OpenAI's erro
 request. Derandomized, so CI runs the same examples every time."""
 
 import json
-import os
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -108,8 +107,6 @@ def server():
 
 
 def check_answer(srv, path: str, body) -> None:
-    if os.environ.get("CLOVER_FUZZ_TRACE"):
-        print(path, json.dumps(body)[:300], flush=True)
     status, headers, parsed = raw(srv, "POST", path, json.dumps(body), timeout=TIMEOUT_S)
     event(f"status {status}")
     assert status < 500, (body, parsed)
