@@ -9,8 +9,15 @@ model code (for `trust_remote_code=True`), and the tokenizer files with `<|mask|
 Memory: every source tensor is shape-checked from the headers before any data is read, and the output
 is written one shard at a time (at most `max_shard_size` of tensors in memory). The output dir
 appears only when complete (written to a temporary sibling, then renamed).
+
+Nothing is lost: `check_destination` refuses, before anything is read or written, a DST that is
+SRC, lies inside it or contains it, is a file, or is a non-empty folder (with `overwrite`, a
+non-empty DST must be a Clover checkpoint, which is then replaced as a whole). Temporaries of a
+killed earlier run are removed (`remove_stale_siblings`); `clover convert` turns SIGTERM into an
+exception so its own temporary is removed too.
 """
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,12 +121,44 @@ def _output_dtype(requested, ckpt: CheckpointIndex, declared: str | None) -> tor
     return DTYPES[requested]
 
 
-def convert_checkpoint(src: str | Path, dst: str | Path,
-                       options: ConvertOptions = ConvertOptions()) -> ConvertResult:
-    """Write the Clover checkpoint of `src` to `dst` (replacing it). Raises FileNotFoundError or
+def is_clover_checkpoint(path: Path) -> bool:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == CloverMoeConfig.model_type
+
+
+def check_destination(src: Path, dst: Path, overwrite: bool = False) -> None:
+    """Refuse (ValueError) a destination whose replacement would lose data; see the module doc."""
+    s, d = src.resolve(), dst.resolve()
+    if d == s:
+        raise ValueError(f"DST {dst} is the source checkpoint; write the conversion to another folder")
+    if s in d.parents:
+        raise ValueError(f"DST {dst} lies inside the source checkpoint {src}; choose a folder outside it")
+    if d in s.parents:
+        raise ValueError(f"DST {dst} contains the source checkpoint {src}; replacing it would delete the source")
+    if d.exists() and not d.is_dir():
+        raise ValueError(f"DST {dst} exists and is a file, not a folder")
+    if not d.is_dir() or not any(d.iterdir()):
+        return
+    if not overwrite:
+        raise ValueError(f"DST {dst} is not empty; pass --overwrite to replace it (only a Clover checkpoint "
+                         "is replaced) or choose an empty or new folder")
+    if not is_clover_checkpoint(d):
+        raise ValueError(f"DST {dst} is not empty and is not a Clover checkpoint (no config.json with "
+                         f"model_type {CloverMoeConfig.model_type!r}); --overwrite replaces only a Clover "
+                         "checkpoint")
+
+
+def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions = ConvertOptions(),
+                       overwrite: bool = False) -> ConvertResult:
+    """Write the Clover checkpoint of `src` to `dst`. `dst` must be new or empty, or with `overwrite`
+    a Clover checkpoint, which is replaced (`check_destination`). Raises FileNotFoundError or
     ValueError (CheckpointError for a missing or misshapen tensor) before writing anything."""
     src = Path(src)
     source = read_source_config(src)
+    check_destination(src, Path(dst), overwrite)
     ckpt = index_checkpoint(src)
     dtype = _output_dtype(options.dtype, ckpt, source.dtype)
     vocab = source.backbone["vocab_size"]

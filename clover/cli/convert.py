@@ -1,16 +1,24 @@
-"""`clover convert SRC DST`: a transformers Qwen3.5-MoE checkpoint -> a Clover checkpoint."""
+"""`clover convert SRC DST`: a transformers Qwen3.5-MoE checkpoint -> a Clover checkpoint.
+
+DST must be a new or empty folder, or with --overwrite a Clover checkpoint (replaced when the
+conversion is complete); it may not be SRC, lie inside it or contain it. SIGTERM removes the
+partial output; temporaries of an earlier killed run are removed."""
 
 import argparse
 
 from clover.checkpoint import ConvertOptions, convert_checkpoint
 from clover.checkpoint.convert import DTYPES
 
+from .common import sigterm_raises
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("convert", help="convert a transformers Qwen3.5-MoE checkpoint to Clover",
                               description=__doc__)
     p.add_argument("src", help="source checkpoint dir (Qwen3_5MoeForCausalLM or ...ForConditionalGeneration)")
-    p.add_argument("dst", help="output dir (replaced when complete)")
+    p.add_argument("dst", help="output dir: new or empty (written when complete)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace DST if it is a Clover checkpoint (a non-empty DST is refused otherwise)")
     p.add_argument("--mask-token-id", type=int, default=None,
                    help="reuse this id for <|mask|> (default: the tokenizer's next free id if the "
                         "embedding has that row, else a new row appended to the vocabulary)")
@@ -27,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     options = ConvertOptions(mask_token_id=args.mask_token_id, block_size=args.block_size, dtype=args.dtype,
                              coreset=args.coreset, coreset_top_p=args.coreset_top_p,
                              max_shard_size=args.max_shard_size)
-    result = convert_checkpoint(args.src, args.dst, options)
+    with sigterm_raises():
+        result = convert_checkpoint(args.src, args.dst, options, overwrite=args.overwrite)
     c = result.config
     dtype = str(result.dtype).removeprefix("torch.")
     print(f"wrote {result.path}: vocab {c.vocab_size}, <|mask|> = {c.mask_token_id} ({result.mask_row}), "

@@ -2,6 +2,8 @@
 
 import json
 
+from .common import model_path
+
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a model on held-out task prompts (diffusion vs AR)")
@@ -42,7 +44,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     if args.task != "all" and args.task not in TASKS:
         raise ValueError(f"--task={args.task!r} is unknown; known: {sorted(TASKS)} or 'all'")
-    model_dir = args.model or default_model_dir()
+    model_dir = model_path(args.model) if args.model else default_model_dir()
     model = CloverMoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(model_dir)
     tasks = [get_task(n) for n in (EVAL_TASKS if args.task == "all" else [args.task])]

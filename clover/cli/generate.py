@@ -12,6 +12,8 @@ import shutil
 import sys
 import time
 
+from .common import UserError, check_device, model_path
+
 MASK_GLYPH = "░"
 CLEAR_LINE = "\r\x1b[K"
 
@@ -46,8 +48,20 @@ def builtin_example() -> str:
     return get_task("airspace").generate(seed=7, split="eval").prompt
 
 
-def read_prompt(prompt: str | None) -> str:
-    return sys.stdin.read() if prompt == "-" else prompt
+def read_prompt(prompt: str | None, stdin=None) -> str:
+    """PROMPT, or for '-' the UTF-8 text on stdin (binary input is refused with one line)."""
+    if prompt != "-":
+        return prompt
+    stdin = stdin or sys.stdin
+    data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"stdin is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                        "pass a text prompt") from None
+    if "\0" in text:
+        raise UserError(f"stdin holds a NUL byte at offset {text.index(chr(0))}: binary data, not a text prompt")
+    return text
 
 
 def apply_builtin_example(args: argparse.Namespace) -> None:
@@ -59,7 +73,7 @@ def apply_builtin_example(args: argparse.Namespace) -> None:
 
 def model_dir(path: str | None):
     if path is not None:
-        return path
+        return model_path(path)
     import clover
 
     if not hasattr(clover, "default_model_dir"):
@@ -232,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is None:
         apply_builtin_example(args)
         sys.stderr.write(f"[no PROMPT given: the built-in airspace example]\n{args.prompt}\n\n")
+    check_device(args.device)
     prompt = read_prompt(args.prompt)
     model, tokenizer = load(model_dir(args.model), args.device)
     return generate_text(model, tokenizer, args, prompt)

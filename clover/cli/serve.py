@@ -5,13 +5,18 @@
          -d '{"model": "clover", "messages": [{"role": "user", "content": "Hi"}]}'
 
 The port opens at once; until the model is loaded, /health and /v1 answer 503. One log line per
-request (id, tokens, forwards, latency); metrics at /metrics.
+request (id, tokens, forwards, latency); metrics at /metrics (behind the API key when one is set);
+/docs only with --docs. Slow or idle connections are closed (--head-timeout, --body-timeout,
+--keep-alive-timeout, --max-connections). SIGTERM drains running requests for up to
+--shutdown-timeout seconds, then exits 0.
 """
 
 import argparse
 import logging
 import os
 from pathlib import Path
+
+from .common import check_device, model_path
 
 
 def register(sub) -> None:
@@ -29,49 +34,63 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the engine (default: torch's)")
+    p.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json (off by default)")
+    p.add_argument("--shutdown-timeout", type=int, default=30,
+                   help="seconds SIGTERM waits for running requests before cancelling them (default 30)")
+    p.add_argument("--head-timeout", type=float, default=10.0,
+                   help="seconds a connection may take to send a request's headers (default 10)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request body may take to arrive, else 408 (default 30)")
+    p.add_argument("--keep-alive-timeout", type=int, default=5, help="idle keep-alive seconds (default 5)")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="open connections served at once; requests beyond get 503 (default 1024)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(run=run)
 
 
 def model_dir(path: str | None) -> Path:
     if path is not None:
-        return Path(path)
+        return Path(model_path(path, hub_ok=False))
     import clover
 
     return Path(clover.default_model_dir())
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from clover.serving import EngineConfig, Runtime, SchedulerConfig, ServerConfig, create_app
+    from clover.serving.http_server import ConnectionLimits, Server, server_config
     from clover.serving.runtime import DTYPES, load_model_and_tokenizer
 
-    for name in ("max_batch_size", "max_queue", "max_body_bytes", "port"):
+    for name in ("max_batch_size", "max_queue", "max_body_bytes", "port", "head_timeout", "body_timeout",
+                 "keep_alive_timeout", "max_connections"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout={args.shutdown_timeout} must be >= 0")
     if args.dtype not in DTYPES:
         raise ValueError(f"--dtype {args.dtype!r} is not one of {sorted(DTYPES)}")
+    check_device(args.device)
     directory = model_dir(args.model)
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"no Clover checkpoint at {directory} (config.json missing)")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine_config = EngineConfig(SchedulerConfig(args.max_batch_size, args.max_queue), num_threads=args.threads)
-    server_config = ServerConfig(args.served_model_name or directory.resolve().name, args.api_key,
-                                 args.max_body_bytes)
+    config = ServerConfig(args.served_model_name or directory.resolve().name, args.api_key, args.max_body_bytes,
+                          args.body_timeout, args.docs)
+    limits = ConnectionLimits(args.head_timeout, args.keep_alive_timeout, args.max_connections,
+                              args.shutdown_timeout)
 
     def load(metrics):
         model, tokenizer = load_model_and_tokenizer(directory, args.dtype, args.device)
         return Runtime.from_objects(model, tokenizer, engine_config, metrics)
 
-    server: uvicorn.Server | None = None
+    server: Server | None = None
 
     def stop(message: str) -> None:  # a server without a model only answers 503: exit instead
         server.should_exit = True
 
-    app = create_app(server_config, load, on_load_error=stop)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           access_log=False))
+    app = create_app(config, load, on_load_error=stop)
+    server = Server(server_config(app, args.host, args.port, limits, args.log_level))
     server.run()
     if app.state.slot.error is not None:
         raise ValueError(f"could not load {directory}: {app.state.slot.error}")

@@ -9,6 +9,7 @@ peak host memory is what the model holds on the host plus one chunk.
 """
 
 import json
+import os
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -76,13 +77,50 @@ class LoadPlan:
     unused: list[str]  # stored keys no parameter reads
 
 
+def contained_file(root: Path, name: object, where: Path) -> str:
+    """`name` (a file a checkpoint lists) if it names a file inside `root`; CheckpointError for an
+    absolute path or a `..` escape. (Symlinks inside the folder are the folder's own business: the
+    Hub cache links each file to a blob outside its snapshot folder.)"""
+    if not isinstance(name, str) or not name or "\0" in name:
+        raise CheckpointError(f"{where} names the file {name!r}, which is not a file name")
+    normal = os.path.normpath(name)
+    if os.path.isabs(name) or normal == ".." or normal.startswith(".." + os.sep) or normal == ".":
+        raise CheckpointError(f"{where} names the file '{name}', which lies outside the checkpoint "
+                              f"folder {root}; every file a checkpoint names must be inside it")
+    return name
+
+
 def _read_header(root: Path, file: str) -> dict[str, TensorRef]:
     out = {}
-    with safe_open(root / file, framework="pt") as f:
-        for key in f.keys():
-            s = f.get_slice(key)
-            out[key] = TensorRef(file, key, tuple(s.get_shape()), SAFETENSORS_DTYPES[s.get_dtype()])
+    try:
+        with safe_open(root / file, framework="pt") as f:
+            for key in f.keys():
+                s = f.get_slice(key)
+                out[key] = TensorRef(file, key, tuple(s.get_shape()), SAFETENSORS_DTYPES[s.get_dtype()])
+    except (OSError, KeyError) as e:
+        raise CheckpointError(f"cannot read {root / file}: {e}") from e
+    except Exception as e:  # safetensors' own error: a truncated or corrupt file
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise CheckpointError(f"{root / file} is not a readable safetensors file (truncated or corrupt?): "
+                              f"{e}") from e
     return out
+
+
+def _weight_map(index_path: Path) -> dict[str, str]:
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{index_path} is not readable JSON: {e}") from e
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index_path} has no 'weight_map' object (tensor name -> shard file)")
+    for shard in weight_map.values():
+        if not isinstance(shard, str):
+            contained_file(index_path.parent, shard, index_path)  # raises: not a file name
+    for shard in set(weight_map.values()):
+        contained_file(index_path.parent, shard, index_path)
+    return weight_map
 
 
 def index_checkpoint(root: str | Path) -> CheckpointIndex:
@@ -92,7 +130,7 @@ def index_checkpoint(root: str | Path) -> CheckpointIndex:
     index_path = root / INDEX_FILE
     stored: dict[str, TensorRef] = {}
     if index_path.is_file():
-        weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+        weight_map = _weight_map(index_path)
         shards = sorted(set(weight_map.values()))
         for shard in shards:
             if not (root / shard).is_file():

@@ -126,18 +126,57 @@ def _keep_old_files(old: Path, new: Path) -> None:
             shutil.copy2(entry, new / entry.name, follow_symlinks=False)
 
 
+# a temporary sibling of `target`: .<target>.tmp-<pid>-<hex> (new contents) or .old-<pid>-<hex> (the
+# replaced dir during the swap); "<pid>-" is absent in names written by older versions
+_SIBLING = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?:(?P<pid>\d+)-)?[0-9a-f]{8}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
+
+
+def remove_stale_siblings(target: str | Path) -> list[Path]:
+    """Delete the temporary siblings of `target` that a killed save or conversion left behind (their
+    process is gone, or they predate process tags); a `.old-*` dir whose swap was cut short before
+    the new dir moved in is put back as `target`. Returns what was removed."""
+    target = Path(os.path.abspath(target))
+    if not target.parent.is_dir():
+        return []
+    removed = []
+    for entry in sorted(target.parent.iterdir()):
+        match = _SIBLING.fullmatch(entry.name)
+        if not match or match["name"] != target.name or not entry.is_dir():
+            continue
+        if match["pid"] is not None and _alive(int(match["pid"])):
+            continue
+        if match["kind"] == "old" and not target.exists():
+            os.replace(entry, target)
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
 @contextmanager
 def atomic_directory(target: str | Path, keep_other_files: bool = False) -> Iterator[Path]:
     """Yield an empty sibling directory to write into; on success it replaces `target`.
 
     On an exception the sibling is deleted and `target` is untouched. With `keep_other_files`, files
     of an existing `target` that the new contents neither write nor supersede (tokenizer files, …)
-    are copied over. The swap is two renames (old aside, new in), then the old dir is deleted."""
+    are copied over. The swap is two renames (old aside, new in), then the old dir is deleted.
+    Siblings left by a killed earlier run are removed first (`remove_stale_siblings`)."""
     target = Path(os.path.abspath(target))
     if target.exists() and not target.is_dir():
         raise NotADirectoryError(f"{target} exists and is not a directory")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
+    remove_stale_siblings(target)
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = target.parent / f".{target.name}.tmp-{tag}"
     tmp.mkdir()
     try:

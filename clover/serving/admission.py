@@ -21,6 +21,8 @@ class ServerConfig:
     served_model_name: str = "clover"
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout_s: float = 30.0  # the whole body must arrive within this time after the head (408)
+    docs: bool = False  # serve /docs, /redoc and /openapi.json
 
 
 def check_model(name: str, config: ServerConfig) -> None:

@@ -2,6 +2,8 @@
 
 `create_app(config, load)` returns at once; `load(metrics)` builds the `Runtime` in a background
 thread at startup, and until it returns `/health` and every /v1 route answer 503 (loading).
+With an API key, /v1 and /metrics need it (/health does not); /docs and /openapi.json exist only
+with `config.docs`.
 """
 
 import logging
@@ -39,7 +41,10 @@ class RuntimeSlot:
             self.runtime = self.load(self.metrics)
             log.info("model ready")
         except Exception as e:  # noqa: BLE001 - reported by /health and every route
-            log.exception("model failed to load")
+            if isinstance(e, (OSError, ValueError)):  # a bad folder or file: one line, no traceback
+                log.error("model failed to load: %s: %s", type(e).__name__, e)
+            else:
+                log.exception("model failed to load")
             self.error = f"{type(e).__name__}: {e}"
             if self.on_error is not None:
                 self.on_error(self.error)
@@ -66,7 +71,8 @@ def create_app(config: ServerConfig, load: Callable[[ServingMetrics], Runtime],
         if slot.runtime is not None:
             slot.runtime.shutdown()
 
-    app = FastAPI(title="Clover OpenAI-compatible server", lifespan=lifespan)
+    docs = {} if config.docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="Clover OpenAI-compatible server", lifespan=lifespan, **docs)
     app.state.slot, app.state.metrics = slot, metrics
     install_error_handlers(app)
     runtime = Depends(lambda: slot.get())
@@ -92,7 +98,7 @@ def create_app(config: ServerConfig, load: Callable[[ServingMetrics], Runtime],
     async def completions(raw: Request, req: CompletionRequest, rt: Runtime = runtime):
         return await create_completion(raw, req, rt, config)
 
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes, timeout_s=config.body_timeout_s)
     app.add_middleware(APIKeyGuard, api_key=config.api_key)
     app.add_middleware(StatusCounter, metrics=metrics)
     return app

@@ -4,6 +4,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from .admission import ServerConfig, check_model, submit
 from .async_engine import RequestStream
@@ -22,7 +23,7 @@ def _finish_reason(parts: ChatParts, engine_reason: str) -> str:
 
 async def create_chat_completion(raw: Request, req: ChatCompletionRequest, rt: Runtime, cfg: ServerConfig):
     check_model(req.model, cfg)
-    prompt = chat_prompt(rt.tokenizer, req)
+    prompt = await run_in_threadpool(chat_prompt, rt.tokenizer, req, rt.max_model_len)  # off the loop
     stream, request = submit(rt, req, prompt, req.max_completion_tokens or req.max_tokens, "chatcmpl")
     record = RequestRecord(rt.engine.metrics, "chat", request.request_id, len(prompt.ids))
     text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())

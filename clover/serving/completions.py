@@ -4,6 +4,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from .admission import ServerConfig, check_model, submit
 from .async_engine import RequestStream
@@ -22,7 +23,7 @@ async def create_completion(raw: Request, req: CompletionRequest, rt: Runtime, c
         raise bad_request("suffix is not supported by this server", "suffix")
     if req.best_of not in (None, 1):
         raise bad_request(f"best_of={req.best_of} is not supported (only 1)", "best_of")
-    prompt = completion_prompt(rt.tokenizer, req)
+    prompt = await run_in_threadpool(completion_prompt, rt.tokenizer, req, rt.max_model_len)  # off the loop
     stream, request = submit(rt, req, prompt, req.max_tokens, "cmpl")
     record = RequestRecord(rt.engine.metrics, "completions", request.request_id, len(prompt.ids))
     text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())

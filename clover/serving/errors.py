@@ -46,6 +46,11 @@ def too_large(limit: int) -> APIError:
     return APIError(413, f"The request body exceeds the limit of {limit} bytes.", code="request_too_large")
 
 
+def body_timeout(seconds: float) -> APIError:
+    return APIError(408, f"The request body did not arrive within {seconds:g} s.", code="request_timeout",
+                    headers={"Connection": "close"})
+
+
 def queue_full(message: str, retry_after_s: int = 1) -> APIError:
     return APIError(429, f"The server is at capacity: {message}. Retry later.", "rate_limit_error",
                     code="queue_full", headers={"Retry-After": str(retry_after_s)})

@@ -1,15 +1,18 @@
-"""ASGI guards that run before routing: response counting, API key, body size.
+"""ASGI guards that run before routing: response counting, API key, body size and body time.
 
 They run before FastAPI parses anything, so a wrong key is a 401 even for a malformed body, and an
-oversized body is refused (413) without being buffered past the limit.
+oversized body is refused (413) without being buffered past the limit, a body that takes longer
+than `timeout_s` to arrive is refused (408).
 """
 
+import asyncio
 import hmac
+import time
 
-from .errors import APIError, too_large, unauthorized
+from .errors import APIError, body_timeout, too_large, unauthorized
 from .metrics import ServingMetrics
 
-PROTECTED_PREFIX = "/v1/"
+PROTECTED_PREFIXES = ("/v1/", "/metrics")
 
 
 async def _send_error(scope, receive, send, error: APIError) -> None:
@@ -25,17 +28,25 @@ class StatusCounter:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        started = False
 
         async def counting_send(message):
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self.metrics.http_responses.inc(1, str(message["status"]))
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            if not started:  # the outermost (Starlette) layer answers it with a 500
+                self.metrics.http_responses.inc(1, "500")
+            raise
 
 
 class APIKeyGuard:
-    """Requires `Authorization: Bearer <key>` on /v1/ routes; compares in constant time."""
+    """Requires `Authorization: Bearer <key>` on /v1/ routes and /metrics; compares in constant time."""
 
     def __init__(self, app, api_key: str | None):
         self.app = app
@@ -47,18 +58,19 @@ class APIKeyGuard:
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
 
     async def __call__(self, scope, receive, send):
-        if (self.key is not None and scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIX)
+        if (self.key is not None and scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES)
                 and not self._authorized(scope)):
             return await _send_error(scope, receive, send, unauthorized())
         await self.app(scope, receive, send)
 
 
 class BodyLimit:
-    """Reads the body up front, refusing it past `limit` bytes (413); then replays it to the app
-    and hands later `receive` calls (disconnect notices) to the server."""
+    """Reads the body up front, refusing it past `limit` bytes (413) or when it has not all arrived
+    `timeout_s` after the request head (408); then replays it to the app and hands later `receive`
+    calls (disconnect notices) to the server."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, timeout_s: float = 30.0):
+        self.app, self.limit, self.timeout_s = app, limit, timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -66,9 +78,12 @@ class BodyLimit:
         length = dict(scope.get("headers", [])).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await _send_error(scope, receive, send, too_large(self.limit))
-        chunks, size = [], 0
+        chunks, size, deadline = [], 0, time.monotonic() + self.timeout_s
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                return await _send_error(scope, receive, send, body_timeout(self.timeout_s))
             if message["type"] != "http.request":
                 return  # the client left before sending its body
             chunks.append(message.get("body", b""))

@@ -4,8 +4,16 @@
 model decide; "required" and a named function open the call in the prompt (`<tool_call>\\n` and
 `{"name": ..., "arguments": `), and that forced prefix is put back in front of the response
 before parsing.
+
+Both run off the event loop (the handlers call them in a worker thread). A prompt is refused by its
+UTF-8 size before it is rendered or tokenized when it cannot fit the context whatever it holds:
+`max_prompt_bytes` = context tokens x the most bytes one vocabulary entry spells x
+NORMALIZATION_SLACK (a normalizer such as NFC may shrink the text before it is split: at most 3x).
+The client cannot bring its own chat template: `chat_template_kwargs` only sets template
+variables, never an argument of `apply_chat_template` (`chat_template`, `tools`, ...).
 """
 
+import inspect
 import json
 from dataclasses import dataclass
 
@@ -13,6 +21,9 @@ from .errors import bad_request
 from .output import think_opened
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
 from .tool_parser import CALL_START
+
+NORMALIZATION_SLACK = 4
+_max_token_bytes: dict[int, int] = {}  # id(tokenizer) -> longest vocabulary entry in UTF-8 bytes
 
 
 @dataclass
@@ -24,10 +35,58 @@ class Prompt:
     forced_prefix: str = ""  # response text the prompt already holds (a forced tool call)
 
 
+def max_prompt_bytes(tokenizer, max_model_len: int) -> int:
+    """The UTF-8 size past which a text cannot tokenize into `max_model_len` tokens or fewer."""
+    key = id(tokenizer)
+    if key not in _max_token_bytes:
+        entries = list(tokenizer.get_vocab()) + [str(t) for t in getattr(tokenizer, "all_special_tokens", [])]
+        _max_token_bytes[key] = max((len(t.encode("utf-8", "replace")) for t in entries), default=1)
+    return max_model_len * max(1, _max_token_bytes[key]) * NORMALIZATION_SLACK
+
+
+def _check_size(nbytes: int, limit: int, param: str) -> None:
+    if nbytes > limit:
+        raise bad_request(f"the prompt is {nbytes} bytes: it cannot fit the model's context (at most "
+                          f"{limit} bytes can), so it was not tokenized", param, "context_length_exceeded")
+
+
+def _content_bytes(m: ChatMessage) -> int:
+    if isinstance(m.content, str):
+        return len(m.content.encode("utf-8"))
+    return sum(len((p.text or "").encode("utf-8")) for p in m.content or [])
+
+
+def _check_parts(req: ChatCompletionRequest) -> None:
+    for i, m in enumerate(req.messages):
+        for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+            where = f"messages.{i}.content.{j}"
+            if part.type != "text":
+                raise bad_request(f"'{where}.type' is {part.type!r}: only 'text' content parts are supported "
+                                  "by this model (no images, audio or files)", f"{where}.type")
+            if part.text is None:
+                raise bad_request(f"'{where}' is a text part without 'text'", f"{where}.text")
+
+
+def _template_parameters(tokenizer) -> set[str]:
+    signature = inspect.signature(tokenizer.apply_chat_template)
+    return {n for n, p in signature.parameters.items() if p.kind is not p.VAR_KEYWORD}
+
+
+def _template_kwargs(tokenizer, req: ChatCompletionRequest) -> dict:
+    kwargs = dict(req.chat_template_kwargs or {})
+    reserved = sorted(set(kwargs) & (_template_parameters(tokenizer) | {"messages", "chat_template"}))
+    if reserved:
+        name = reserved[0]
+        what = ("client chat templates are not accepted: the server renders with the model's own"
+                if name == "chat_template" else "it is not a template variable")
+        raise bad_request(f"'chat_template_kwargs.{name}' is refused: {what}", f"chat_template_kwargs.{name}")
+    return kwargs
+
+
 def _message_dict(m: ChatMessage) -> dict:
     out: dict = {"role": "system" if m.role == "developer" else m.role}
     out["content"] = m.content if isinstance(m.content, str) or m.content is None else \
-        [p.model_dump(exclude_none=True) for p in m.content]
+        [{"type": "text", "text": p.text} for p in m.content]
     if m.tool_calls:
         out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
     for key in ("name", "tool_call_id", "reasoning_content"):
@@ -54,11 +113,14 @@ def _forced_prefix(req: ChatCompletionRequest) -> str:
     return ""
 
 
-def chat_prompt(tokenizer, req: ChatCompletionRequest) -> Prompt:
+def chat_prompt(tokenizer, req: ChatCompletionRequest, max_model_len: int) -> Prompt:
     use_tools = bool(req.tools) and req.tool_choice != "none"
     if req.tool_choice not in (None, "none", "auto") and not req.tools:
         raise bad_request("tool_choice requires 'tools'", "tool_choice")
-    kwargs = dict(req.chat_template_kwargs or {})
+    _check_parts(req)
+    limit = max_prompt_bytes(tokenizer, max_model_len)
+    _check_size(sum(_content_bytes(m) for m in req.messages), limit, "messages")
+    kwargs = _template_kwargs(tokenizer, req)
     thinking = _thinking(req)
     if thinking is not None:
         kwargs["enable_thinking"] = thinking
@@ -70,11 +132,12 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest) -> Prompt:
         raise bad_request(f"the messages could not be rendered with the chat template: {e}", "messages")
     forced = _forced_prefix(req) if use_tools else ""
     text += forced
+    _check_size(len(text.encode("utf-8")), limit, "messages")
     ids = tokenizer.encode(text, add_special_tokens=False)
     return Prompt(ids, text, think_opened(text) and not forced, use_tools, forced)
 
 
-def completion_prompt(tokenizer, req: CompletionRequest) -> Prompt:
+def completion_prompt(tokenizer, req: CompletionRequest, max_model_len: int) -> Prompt:
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
@@ -82,5 +145,6 @@ def completion_prompt(tokenizer, req: CompletionRequest) -> Prompt:
                               "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
+        _check_size(len(prompt.encode("utf-8")), max_prompt_bytes(tokenizer, max_model_len), "prompt")
         return Prompt(tokenizer.encode(prompt, add_special_tokens=False), prompt)
     return Prompt(list(prompt), "")  # token ids are checked against the vocabulary on admission

@@ -1,14 +1,20 @@
 """OpenAI-compatible request and response bodies (the subset Clover serves, plus its extensions).
 
 Unknown request fields are ignored, as OpenAI-compatible servers do; fields Clover cannot honour
-(`n > 1`, `logprobs`, ...) are refused by the handlers with a 400 naming them.
+(`n > 1`, `logprobs`, image content parts, a `response_format` other than text, ...) are refused
+with a 400 naming them. Types are strict, as OpenAI's: `max_tokens: "5"` or `true` is refused, not
+coerced; NaN and infinities are refused; a string holding a lone UTF-16 surrogate is refused.
 """
 
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
+PlainValue = str | int | float | bool | None  # what `chat_template_kwargs` values may be
 
 
 def new_id(prefix: str) -> str:
@@ -19,31 +25,66 @@ def now() -> int:
     return int(time.time())
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+def lone_surrogate(value: Any, path: str = "") -> str | None:
+    """The path of the first string in `value` (nested dicts and lists) that holds a lone UTF-16
+    surrogate (JSON's "\\ud800" without its pair), which no tokenizer can encode; else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = lone_surrogate(key, path) if isinstance(key, str) else None
+        found = found or lone_surrogate(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+class _Strict(BaseModel):
+    """Request parts: strict types (no "5" -> 5, no true -> 1), no NaN or infinity."""
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class _Request(_Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _encodable(cls, data: Any) -> Any:
+        where = lone_surrogate(data)
+        if where:
+            raise ValueError(f"'{where}' holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+                             "which is not valid Unicode text")
+        return data
 
 
 # -- requests ----------------------------------------------------------------------------------
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class TextPart(_Strict):
+    """A content part. Only `text` parts are served; others are refused when the prompt is built."""
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
     type: str = "text"
     text: str | None = None
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(_Strict):
     name: str
     arguments: str
 
 
-class ToolCall(BaseModel):
+class ToolCall(_Strict):
     id: str = Field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -52,25 +93,24 @@ class ChatMessage(BaseModel):
     reasoning_content: str | None = None
 
 
-class FunctionDef(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class FunctionDef(_Strict):
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
-class Tool(BaseModel):
+class Tool(_Strict):
     type: Literal["function"] = "function"
     function: FunctionDef
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(_Strict):
     type: Literal["function"] = "function"
     function: dict[str, str]
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
@@ -78,27 +118,37 @@ class SamplingFields(_Request):
     """Fields shared by chat and text completions (OpenAI's plus Clover's extensions)."""
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
-    seed: int | None = None
+    top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=INT32_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
+    response_format: dict[str, Any] | None = None
     # Clover extensions
-    block_size: int | None = None
+    block_size: int | None = Field(default=None, le=INT32_MAX)
     threshold: float | None = None
 
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "text":
+            raise ValueError(f"response_format type {value.get('type')!r} is not supported by this server "
+                             "(only {'type': 'text'})")
+        return value
+
     def stop_list(self) -> list[str]:
+        """The stop strings; empty ones (`stop: ""`) stop nothing and are dropped."""
         if self.stop is None:
             return []
-        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+        return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -108,14 +158,16 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     top_logprobs: int | None = None
     enable_thinking: bool | None = None  # Clover extension
-    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's convention
+    # vLLM's convention: extra template variables, plain values only (client templates are refused
+    # when the prompt is built)
+    chat_template_kwargs: dict[str, PlainValue] | None = None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int]
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(default=None, le=INT32_MAX)
 
 
 # -- responses ---------------------------------------------------------------------------------

@@ -98,3 +98,30 @@ def test_unconverted_or_absent_checkpoint(tmp_path):
         CloverMoeForCausalLM.from_pretrained(tmp_path / "hf")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         CloverMoeForCausalLM.from_pretrained(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "../../x", "/etc/passwd", "sub/../../x", "", 7])
+def test_shard_index_may_not_name_files_outside_the_folder(tmp_path, shard):
+    tiny_model().save_pretrained(tmp_path / "ck", max_shard_size="40KB")
+    index_path = tmp_path / "ck" / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    first = sorted(index["weight_map"].values())[0]
+    (tmp_path / "outside.safetensors").write_bytes((tmp_path / "ck" / first).read_bytes())  # a valid decoy
+    index["weight_map"] = {k: (shard if v == first else v) for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="outside the checkpoint folder|not a file name"):
+        CloverMoeForCausalLM.from_pretrained(tmp_path / "ck")
+
+
+def test_truncated_weights_file_is_a_checkpoint_error(saved):
+    data = (saved / "model.safetensors").read_bytes()
+    (saved / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        CloverMoeForCausalLM.from_pretrained(saved)
+
+
+def test_unreadable_index_is_a_checkpoint_error(tmp_path):
+    tiny_model().save_pretrained(tmp_path / "ck", max_shard_size="40KB")
+    (tmp_path / "ck" / "model.safetensors.index.json").write_text('{"weight_map": [')
+    with pytest.raises(CheckpointError, match="not readable JSON"):
+        CloverMoeForCausalLM.from_pretrained(tmp_path / "ck")

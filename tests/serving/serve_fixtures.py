@@ -6,9 +6,9 @@ import threading
 import time
 
 import torch
-import uvicorn
 
 from clover.data.tokenizer import train_tokenizer
+from clover.serving.http_server import ConnectionLimits, Server, server_config
 
 from tiny import tiny_config, tiny_model
 
@@ -55,12 +55,12 @@ def wait_ready(client, timeout: float = 60):
 
 
 class ServerThread:
-    """uvicorn serving `app` on 127.0.0.1:<free port> until `stop()`."""
+    """The server `clover serve` runs (uvicorn with `ConnectionLimits`), serving `app` on
+    127.0.0.1:<free port> until `stop()`."""
 
-    def __init__(self, app):
+    def __init__(self, app, limits: ConnectionLimits = ConnectionLimits()):
         self.port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
+        self.server = Server(server_config(app, "127.0.0.1", self.port, limits, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

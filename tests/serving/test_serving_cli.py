@@ -48,6 +48,22 @@ def test_clover_serve_subprocess(checkpoint):
                                            max_tokens=4)
         assert r.usage.completion_tokens > 0
     finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        proc.terminate()  # SIGTERM: drain, then a clean exit
+        out, _ = proc.communicate(timeout=60)
     assert f"{r.id} chat prompt_tokens=" in out and "forwards=" in out
+    assert proc.returncode == 0, out
+
+
+def test_serve_bad_model_folder_is_one_line(checkpoint, tmp_path):
+    """A folder whose weights cannot be read: the server stops with one error line, no traceback."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in checkpoint.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    (broken / "model.safetensors").write_bytes(b"\x00" * 64)
+    cmd = [sys.executable, "-m", "clover.cli.main", "serve", "--model", str(broken), "--port", str(free_port()),
+           "--threads", "1", "--device", "cpu"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("clover serve: error: could not load")

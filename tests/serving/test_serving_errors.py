@@ -38,9 +38,9 @@ def client_for(srv, key=KEY):
     return openai.OpenAI(api_key=key, base_url=srv.base_url + "/v1", max_retries=0, timeout=60)
 
 
-def raw(srv, method, path, body=None, headers=None, key=KEY):
+def raw(srv, method, path, body=None, headers=None, key=KEY, timeout=60):
     """(status, lower-cased headers, parsed JSON body or text) of one plain HTTP request."""
-    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout)
     h = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}),
          **(headers or {})}
     data = body if isinstance(body, (str, bytes)) or body is None else json.dumps(body)
@@ -77,7 +77,8 @@ def test_api_key_enforced(server):
     status, _, body = raw(server, "POST", "/v1/chat/completions", "{broken", key=None)
     assert status == 401  # the key is checked before the body is parsed
     assert raw(server, "GET", "/health", key=None)[0] == 200
-    assert raw(server, "GET", "/metrics", key=None)[0] == 200
+    assert raw(server, "GET", "/metrics", key=None)[0] == 401  # metrics are behind the key too
+    assert raw(server, "GET", "/metrics")[0] == 200
 
 
 def test_unknown_model(server):
