@@ -16,6 +16,14 @@ class ControlContext:
     counts: torch.Tensor  # [N, V] float: occurrences of each token in the row's response history
     positions: torch.Tensor  # [L] response position n (0-based) of each slot, shared by all rows
     think_open: torch.Tensor | None = None  # [N, L] bool: thinking open before the slot
+    last_position: int | None = None  # host copy of max(positions), when known: skips zero ramps
+
+
+def ramp_is_zero(ctx: "ControlContext", start: int, window: int) -> bool:
+    """True when the ramp is 0 at every slot (known from the host-side last position, no sync)."""
+    if ctx.last_position is None:
+        return False
+    return ctx.last_position <= start if window > 0 else ctx.last_position < start
 
 
 def ramp(positions: torch.Tensor, start: int, window: int) -> torch.Tensor:
@@ -57,6 +65,8 @@ class LengthPenalty:
         self.eos_ids = list(eos_ids)
 
     def __call__(self, logits, ctx):
+        if ramp_is_zero(ctx, self.start, self.window):
+            return logits
         bonus = self.weight * ramp(ctx.positions, self.start, self.window).to(logits.device)  # [L]
         logits = logits.clone()
         logits[:, :, self.eos_ids] += bonus[None, :, None].to(logits.dtype)
@@ -71,7 +81,7 @@ class ThinkEndBias:
         self.think_end_id = think_end_id
 
     def __call__(self, logits, ctx):
-        if ctx.think_open is None:
+        if ctx.think_open is None or ramp_is_zero(ctx, self.start, self.window):
             return logits
         bonus = self.bias * ramp(ctx.positions, self.start, self.window).to(logits.device)  # [L]
         logits = logits.clone()
