@@ -14,7 +14,7 @@ import torch
 @dataclass
 class ControlContext:
     counts: torch.Tensor  # [N, V] float: occurrences of each token in the row's response history
-    positions: torch.Tensor  # [L] response position n (0-based) of each slot, shared by all rows
+    positions: torch.Tensor  # [L] response position n (0-based) of each slot, shared by all rows; or [N, L]
     think_open: torch.Tensor | None = None  # [N, L] bool: thinking open before the slot
     last_position: int | None = None  # host copy of max(positions), when known: skips zero ramps
 
@@ -32,6 +32,12 @@ def ramp(positions: torch.Tensor, start: int, window: int) -> torch.Tensor:
     if window <= 0:
         return (n >= start).float()
     return ((n - start) / window).clamp(0.0, 1.0)
+
+
+def slot_ramp(ctx: ControlContext, start: int, window: int) -> torch.Tensor:
+    """The ramp of every slot as [1, L] (positions shared by the rows) or [N, L]."""
+    value = ramp(ctx.positions, start, window)
+    return value if value.dim() == 2 else value[None]
 
 
 class RepetitionPenalty:
@@ -67,9 +73,9 @@ class LengthPenalty:
     def __call__(self, logits, ctx):
         if ramp_is_zero(ctx, self.start, self.window):
             return logits
-        bonus = self.weight * ramp(ctx.positions, self.start, self.window).to(logits.device)  # [L]
+        bonus = self.weight * slot_ramp(ctx, self.start, self.window).to(logits.device)  # [1 or N, L]
         logits = logits.clone()
-        logits[:, :, self.eos_ids] += bonus[None, :, None].to(logits.dtype)
+        logits[:, :, self.eos_ids] += bonus[..., None].to(logits.dtype)
         return logits
 
 
@@ -83,9 +89,9 @@ class ThinkEndBias:
     def __call__(self, logits, ctx):
         if ctx.think_open is None or ramp_is_zero(ctx, self.start, self.window):
             return logits
-        bonus = self.bias * ramp(ctx.positions, self.start, self.window).to(logits.device)  # [L]
+        bonus = self.bias * slot_ramp(ctx, self.start, self.window).to(logits.device)  # [1 or N, L]
         logits = logits.clone()
-        logits[:, :, self.think_end_id] += (bonus[None, :] * ctx.think_open.to(bonus.dtype)).to(logits.dtype)
+        logits[:, :, self.think_end_id] += (bonus * ctx.think_open.to(bonus.dtype)).to(logits.dtype)
         return logits
 
 

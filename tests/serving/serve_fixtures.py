@@ -101,7 +101,7 @@ class ScriptedModel(torch.nn.Module):
     def device(self):
         return self.anchor.device
 
-    def new_cache(self):
+    def new_cache(self, capacity: int = 0):  # always growing: forward below replaces tensors
         from clover.model import CloverCache
         return CloverCache(self.config.layer_types)
 
