@@ -37,6 +37,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--show-denoising", action="store_true", help="show the current block filling in")
     p.add_argument("--ar", action="store_true", help="autoregressive decoding (one token per forward)")
+    p.add_argument("--self-spec", action="store_true",
+                   help="self-speculative decoding: block-mode drafts verified causally (AR's output, SPEC §7)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.set_defaults(run=run)
 
@@ -128,8 +130,12 @@ def decode_settings(args) -> dict:
         settings["do_sample"] = False
     elif args.temperature is not None or args.top_p is not None or args.top_k is not None:
         settings.update(do_sample=True, temperature=args.temperature)
+    if args.ar and args.self_spec:
+        raise ValueError("--ar and --self-spec are exclusive: choose one decoding mode")
     if args.ar:
         settings["mode"] = "ar"
+    elif args.self_spec:
+        settings["mode"] = "self_spec"
     return settings
 
 

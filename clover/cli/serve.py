@@ -30,6 +30,11 @@ def register(sub) -> None:
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: dir name)")
     p.add_argument("--max-batch-size", type=int, default=32, help="requests decoded together")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 429")
+    p.add_argument("--max-step-tokens", type=int, default=2048,
+                   help="prompt tokens prefilled per engine step, over all requests (long prompts no longer "
+                        "stall short ones)")
+    p.add_argument("--prefix-cache-mb", type=float, default=256.0,
+                   help="memory for cached prompt prefixes, LRU (0 = off)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
@@ -62,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from clover.serving.runtime import DTYPES, load_model_and_tokenizer
 
     for name in ("max_batch_size", "max_queue", "max_body_bytes", "port", "head_timeout", "body_timeout",
-                 "keep_alive_timeout", "max_connections"):
+                 "keep_alive_timeout", "max_connections", "max_step_tokens"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
     if args.shutdown_timeout < 0:
@@ -74,7 +79,10 @@ def run(args: argparse.Namespace) -> int:
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"no Clover checkpoint at {directory} (config.json missing)")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine_config = EngineConfig(SchedulerConfig(args.max_batch_size, args.max_queue), num_threads=args.threads)
+    if args.prefix_cache_mb < 0:
+        raise ValueError(f"--prefix-cache-mb={args.prefix_cache_mb} must be >= 0 (0 turns the cache off)")
+    scheduler = SchedulerConfig(args.max_batch_size, args.max_queue, max_step_tokens=args.max_step_tokens)
+    engine_config = EngineConfig(scheduler, num_threads=args.threads, prefix_cache_mb=args.prefix_cache_mb)
     config = ServerConfig(args.served_model_name or directory.resolve().name, args.api_key, args.max_body_bytes,
                           args.body_timeout, args.docs)
     limits = ConnectionLimits(args.head_timeout, args.keep_alive_timeout, args.max_connections,

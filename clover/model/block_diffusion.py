@@ -36,38 +36,54 @@ class BlockStatus:
 
 
 def control_context(batch: DecodeBatch, block: torch.Tensor, masked: torch.Tensor, start: int,
-                    cfg) -> ControlContext:
+                    cfg, columns: torch.Tensor | None = None) -> ControlContext:
     """History = committed tokens + the block's filled positions; slots sit at response positions
-    start .. start + B - 1."""
+    start + `columns` (default: every block position)."""
     filled = ~masked
     counts = batch.counts + token_counts(block.masked_fill(masked, 0), filled, batch.counts.shape[1])
-    positions = torch.arange(start, start + block.shape[1], device=block.device)
+    if columns is None:
+        columns = torch.arange(block.shape[1], device=block.device)
     think_open = None
     if batch.think_open is not None:
         markers = think_markers(block, filled, cfg.think_start_token_id, cfg.think_end_token_id)
-        think_open = slot_think_open(markers, batch.think_open)
-    return ControlContext(counts, positions, think_open)
+        think_open = slot_think_open(markers, batch.think_open)[:, columns]
+    return ControlContext(counts, start + columns, think_open, start + block.shape[1] - 1)
+
+
+def denoise_columns(block: torch.Tensor, limit: int, mask_id: int) -> torch.Tensor:
+    """The block positions [K] still masked (before `limit`) in any row: the only ones whose
+    logits a denoising step reads, so the lm_head runs over these alone."""
+    idx = torch.arange(block.shape[1], device=block.device)
+    return ((block == mask_id).any(0) & (idx < limit)).nonzero().flatten()
 
 
 def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, start: int, limit: int,
-                 cfg, processors: list, mask_id: int, generator=None) -> DenoiseResult:
-    """One low-confidence step on the logits [A, B, V] of the blocks [A, B].
+                 cfg, processors: list, mask_id: int, generator=None,
+                 columns: torch.Tensor | None = None) -> DenoiseResult:
+    """One low-confidence step on the blocks [A, B], given the logits [A, K, V] of block positions
+    `columns` [K] (default: all B; a position outside `columns` is never filled).
 
     Fills every masked position before `limit` whose confidence exceeds the threshold, or else the
     single most confident one (so every step advances)."""
+    if columns is None:
+        columns = torch.arange(block.shape[1], device=block.device)
     masked = block == mask_id
-    idx = torch.arange(block.shape[1], device=block.device)
-    candidate = masked & (idx < limit)
+    sub_block = block[:, columns]  # [A, K]
+    candidate = masked[:, columns] & (columns < limit)
     logits = logits.float()
     logits[..., mask_id] = float("-inf")
-    logits = apply_processors(processors, logits, control_context(batch, block, masked, start, cfg))
+    logits = apply_processors(processors, logits, control_context(batch, block, masked, start, cfg, columns))
     tokens, confidence = predict_with_confidence(logits, cfg.do_sample, cfg.temperature, cfg.top_k,
                                                  cfg.top_p, generator)
     confidence = confidence.masked_fill(~candidate, -1.0)
     fill = candidate & (confidence > cfg.threshold)
     fallback = candidate.any(-1) & ~fill.any(-1)
+    idx = torch.arange(columns.shape[0], device=block.device)
     fill |= (idx == confidence.argmax(-1, keepdim=True)) & fallback[:, None]
-    return DenoiseResult(torch.where(fill, tokens, block), fill)
+    new_block, filled = block.clone(), torch.zeros_like(masked)
+    new_block[:, columns] = torch.where(fill, tokens, sub_block)
+    filled[:, columns] = fill
+    return DenoiseResult(new_block, filled)
 
 
 def block_status(block: torch.Tensor, limit: int, mask_id: int, eos: torch.Tensor) -> BlockStatus:
@@ -145,10 +161,12 @@ def block_diffusion_steps(model, input_ids, attention_mask, cfg, processors, gen
         start, limit = k * size, min(size, cfg.max_new_tokens - k * size)
         block = torch.full((len(batch.rows), size), mask_id, dtype=torch.long, device=input_ids.device)
         waiting = [False] * len(batch.rows)
+        columns = None  # the first step of a block reads every position
         for row in batch.rows:
             log.rows[row].steps_per_block.append(0)
         while True:
-            step = denoise_step(logits, block, batch, start, limit, cfg, processors, mask_id, generator)
+            step = denoise_step(logits, block, batch, start, limit, cfg, processors, mask_id, generator,
+                                columns)
             block = step.block
             yield StepEvent(list(batch.rows), k, block, step.filled)
             status = block_status(block, limit, mask_id, eos)
@@ -158,7 +176,8 @@ def block_diffusion_steps(model, input_ids, attention_mask, cfg, processors, gen
                 waiting[:] = [waiting[i] for i in keep]
             if not batch.rows or all(waiting):
                 break
-            logits = forward(model, batch, block, size, size, cfg, log)  # waiting rows ride along
+            columns = denoise_columns(block, limit, mask_id)  # waiting rows ride along
+            logits = forward(model, batch, block, size, columns, cfg, log)
         if not batch.rows:
             break
         logits = commit_block(model, batch, block, cfg, log, mask_id)

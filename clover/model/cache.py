@@ -1,7 +1,19 @@
 """Typed per-layer caches. Contract: causal tokens append, block tokens never write (SPEC C2, C3).
 
-The model owns the layout; callers own the cache object and may `clone`, `crop` (attention only,
-for rollback), `select_rows` (drop finished batch rows) or `snapshot`/`restore` it between forwards.
+Two storage modes, one interface:
+
+* growing (`CloverCache(layer_types)`): each causal append replaces the tensors by a
+  concatenation. Nothing is written in place, so autograd can back-propagate through the cache
+  (training, `clover/training/loss.py`).
+* pooled (`CloverCache(layer_types, capacity=N)`): attention keys/values live in buffers of N
+  positions allocated at the first forward and written in place; forwards read views of the first
+  `length` positions; GDN conv/recurrent states are overwritten in place. No per-step concatenation
+  or copy (inference only: an in-place write would invalidate autograd's saved tensors).
+
+The model owns the layout; callers own the cache object and may `clone`, `select_rows` (drop
+finished batch rows), `snapshot` / `restore` (GDN states copied, attention by length) or
+`crop_attention` between forwards. Block positions written past `length` of a pooled buffer are
+scratch: `length` never covers them.
 """
 
 from dataclasses import dataclass
@@ -11,17 +23,38 @@ import torch
 
 @dataclass
 class AttentionLayerCache:
-    key: torch.Tensor | None = None  # [B, H_kv, T, D]
+    key: torch.Tensor | None = None  # [B, H_kv, T, D] the cached positions (a view of the buffer when pooled)
     value: torch.Tensor | None = None  # [B, H_kv, T, D]
+    capacity: int = 0  # pooled: positions of the buffers (0 = growing)
+    key_buffer: torch.Tensor | None = None  # [B, H_kv, capacity, D]
+    value_buffer: torch.Tensor | None = None  # [B, H_kv, capacity, D]
 
     def read(self, key: torch.Tensor, value: torch.Tensor):
-        """Cached keys/values followed by the new ones; does not write."""
+        """Cached keys/values followed by the new ones. Growing: a concatenation; pooled: the new
+        ones are written past `length` and views are returned (`length` is unchanged)."""
+        if self.capacity:
+            return self._read_pooled(key, value)
         if self.key is None:
             return key, value
         return torch.cat((self.key, key), dim=2), torch.cat((self.value, value), dim=2)
 
+    def _read_pooled(self, key: torch.Tensor, value: torch.Tensor):
+        past = self.length
+        end = past + key.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"the cache holds {self.capacity} positions; this forward needs {end} "
+                             f"(cached {past} + new {key.shape[2]})")
+        if self.key_buffer is None:
+            shape = (key.shape[0], key.shape[1], self.capacity, key.shape[3])
+            self.key_buffer = key.new_empty(shape)
+            self.value_buffer = value.new_empty(shape)
+        self.key_buffer[:, :, past:end] = key
+        self.value_buffer[:, :, past:end] = value
+        return self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+
     def append(self, key: torch.Tensor, value: torch.Tensor) -> None:
-        self.key, self.value = self.read(key, value)
+        keys, values = self.read(key, value)
+        self.keep(keys, values, keys.shape[2])
 
     def keep(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
         """Store the first `length` positions of keys/values that `read` returned (no copy)."""
@@ -38,15 +71,33 @@ class AttentionLayerCache:
     def tensors(self):
         return {"key": self.key, "value": self.value}
 
+    def mapped(self, fn) -> "AttentionLayerCache":
+        """A cache with `fn` applied to its storage (buffers when pooled), same length."""
+        if self.key_buffer is None:
+            return AttentionLayerCache(*(None if t is None else fn(t) for t in (self.key, self.value)),
+                                       capacity=self.capacity)
+        new = AttentionLayerCache(capacity=self.capacity, key_buffer=fn(self.key_buffer),
+                                  value_buffer=fn(self.value_buffer))
+        new.key, new.value = new.key_buffer[:, :, :self.length], new.value_buffer[:, :, :self.length]
+        return new
+
 
 @dataclass
 class GatedDeltaNetLayerCache:
     conv_state: torch.Tensor | None = None  # [B, conv_dim, K-1]: the last K-1 conv inputs
     recurrent_state: torch.Tensor | None = None  # [B, H_v, d_k, d_v], fp32
+    in_place: bool = False  # pooled: overwrite the states in place (inference only)
 
     @property
     def length(self) -> int:
         return 0
+
+    def write(self, conv_state: torch.Tensor, recurrent_state: torch.Tensor) -> None:
+        if self.in_place and self.conv_state is not None:
+            self.conv_state.copy_(conv_state)
+            self.recurrent_state.copy_(recurrent_state)
+        else:
+            self.conv_state, self.recurrent_state = conv_state, recurrent_state
 
     def crop(self, length: int) -> None:
         raise NotImplementedError("a recurrent state cannot be cropped: restore a snapshot instead")
@@ -54,22 +105,28 @@ class GatedDeltaNetLayerCache:
     def tensors(self):
         return {"conv_state": self.conv_state, "recurrent_state": self.recurrent_state}
 
+    def mapped(self, fn) -> "GatedDeltaNetLayerCache":
+        return GatedDeltaNetLayerCache(*(None if t is None else fn(t) for t in self.tensors().values()),
+                                       in_place=self.in_place)
+
 
 class CloverCache:
-    """The decoding state of every layer plus the number of cached positions (padding included)."""
+    """The decoding state of every layer plus the number of cached positions (padding included).
+    `capacity` > 0 makes a pooled cache of that many positions (see the module docstring)."""
 
-    def __init__(self, layer_types: list[str]):
-        self.layers = [AttentionLayerCache() if kind == "full_attention" else GatedDeltaNetLayerCache()
-                       for kind in layer_types]
+    def __init__(self, layer_types: list[str], capacity: int = 0):
+        self.layers = [AttentionLayerCache(capacity=capacity) if kind == "full_attention"
+                       else GatedDeltaNetLayerCache(in_place=capacity > 0) for kind in layer_types]
         self.seq_length = 0
+        self.capacity = capacity
 
     def get_seq_length(self) -> int:
         return self.seq_length
 
-    def _map(self, fn) -> "CloverCache":
+    def _map(self, fn, gdn_fn=None) -> "CloverCache":
         new = CloverCache.__new__(CloverCache)
-        new.seq_length = self.seq_length
-        new.layers = [type(layer)(**{name: None if t is None else fn(t) for name, t in layer.tensors().items()})
+        new.seq_length, new.capacity = self.seq_length, self.capacity
+        new.layers = [layer.mapped(fn if isinstance(layer, AttentionLayerCache) or gdn_fn is None else gdn_fn)
                       for layer in self.layers]
         return new
 
@@ -77,8 +134,19 @@ class CloverCache:
         return self._map(lambda t: t.clone())
 
     def snapshot(self) -> "CloverCache":
-        """A copy that shares attention tensors (they are only ever replaced, never written in place)."""
-        return self._map(lambda t: t)
+        """The state at this point, for `restore`: attention shares storage (positions below
+        `seq_length` are never written again until a crop below them), GDN states are copied."""
+        return self._map(lambda t: t, gdn_fn=lambda t: t.clone())
+
+    def restore(self, snapshot: "CloverCache") -> None:
+        """Roll back to `snapshot` of this cache: attention cropped to its length, GDN states copied
+        back (in place when pooled)."""
+        for layer, saved in zip(self.layers, snapshot.layers):
+            if isinstance(layer, AttentionLayerCache):
+                layer.crop(saved.length)
+            elif saved.conv_state is not None:
+                layer.write(saved.conv_state.clone(), saved.recurrent_state.clone())
+        self.seq_length = snapshot.seq_length
 
     def select_rows(self, rows: torch.Tensor) -> "CloverCache":
         return self._map(lambda t: t.index_select(0, rows.to(t.device)))
@@ -91,5 +159,10 @@ class CloverCache:
         self.seq_length = length
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for layer in self.layers
-                   for t in layer.tensors().values() if t is not None)
+        """Bytes held: cached positions (growing) or whole buffers (pooled)."""
+        total = 0
+        for layer in self.layers:
+            tensors = [layer.key_buffer, layer.value_buffer] if getattr(layer, "key_buffer", None) is not None \
+                else list(layer.tensors().values())
+            total += sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        return total

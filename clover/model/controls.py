@@ -14,8 +14,16 @@ import torch
 @dataclass
 class ControlContext:
     counts: torch.Tensor  # [N, V] float: occurrences of each token in the row's response history
-    positions: torch.Tensor  # [L] response position n (0-based) of each slot, shared by all rows
+    positions: torch.Tensor  # [L] response position n (0-based) of each slot, shared by all rows; or [N, L]
     think_open: torch.Tensor | None = None  # [N, L] bool: thinking open before the slot
+    last_position: int | None = None  # host copy of max(positions), when known: skips zero ramps
+
+
+def ramp_is_zero(ctx: "ControlContext", start: int, window: int) -> bool:
+    """True when the ramp is 0 at every slot (known from the host-side last position, no sync)."""
+    if ctx.last_position is None:
+        return False
+    return ctx.last_position <= start if window > 0 else ctx.last_position < start
 
 
 def ramp(positions: torch.Tensor, start: int, window: int) -> torch.Tensor:
@@ -24,6 +32,12 @@ def ramp(positions: torch.Tensor, start: int, window: int) -> torch.Tensor:
     if window <= 0:
         return (n >= start).float()
     return ((n - start) / window).clamp(0.0, 1.0)
+
+
+def slot_ramp(ctx: ControlContext, start: int, window: int) -> torch.Tensor:
+    """The ramp of every slot as [1, L] (positions shared by the rows) or [N, L]."""
+    value = ramp(ctx.positions, start, window)
+    return value if value.dim() == 2 else value[None]
 
 
 class RepetitionPenalty:
@@ -57,9 +71,11 @@ class LengthPenalty:
         self.eos_ids = list(eos_ids)
 
     def __call__(self, logits, ctx):
-        bonus = self.weight * ramp(ctx.positions, self.start, self.window).to(logits.device)  # [L]
+        if ramp_is_zero(ctx, self.start, self.window):
+            return logits
+        bonus = self.weight * slot_ramp(ctx, self.start, self.window).to(logits.device)  # [1 or N, L]
         logits = logits.clone()
-        logits[:, :, self.eos_ids] += bonus[None, :, None].to(logits.dtype)
+        logits[:, :, self.eos_ids] += bonus[..., None].to(logits.dtype)
         return logits
 
 
@@ -71,11 +87,11 @@ class ThinkEndBias:
         self.think_end_id = think_end_id
 
     def __call__(self, logits, ctx):
-        if ctx.think_open is None:
+        if ctx.think_open is None or ramp_is_zero(ctx, self.start, self.window):
             return logits
-        bonus = self.bias * ramp(ctx.positions, self.start, self.window).to(logits.device)  # [L]
+        bonus = self.bias * slot_ramp(ctx, self.start, self.window).to(logits.device)  # [1 or N, L]
         logits = logits.clone()
-        logits[:, :, self.think_end_id] += (bonus[None, :] * ctx.think_open.to(bonus.dtype)).to(logits.dtype)
+        logits[:, :, self.think_end_id] += (bonus * ctx.think_open.to(bonus.dtype)).to(logits.dtype)
         return logits
 
 

@@ -32,9 +32,10 @@ class DecodeBatch:
             think_open=None if self.think_open is None else self.think_open.index_select(0, index))
 
 
-def forward(model, batch: DecodeBatch, input_ids: torch.Tensor, block_len: int, logits_to_keep: int,
+def forward(model, batch: DecodeBatch, input_ids: torch.Tensor, block_len: int, logits_to_keep,
             cfg, log: RunLog, prefill: bool = False, input_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """One model forward over the active rows; returns logits [A, logits_to_keep, V].
+    """One model forward over the active rows; returns logits [A, K, V] for the last K =
+    `logits_to_keep` positions (or the input positions of a 1-D LongTensor `logits_to_keep`).
     `input_mask` [A, T] marks the real new tokens (default: all real)."""
     if input_mask is None:
         input_mask = batch.attention_mask.new_ones(input_ids.shape)
@@ -56,7 +57,22 @@ def start_batch(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cf
                                 cfg.think_end_token_id)
         think_open = last_marker_state(markers, torch.zeros(n, dtype=torch.bool, device=input_ids.device))
     counts = torch.zeros(n, model.config.vocab_size, dtype=torch.float, device=input_ids.device)
-    return DecodeBatch(list(range(n)), model.new_cache(), attention_mask[:, :0].long(), counts, think_open)
+    cache = model.new_cache(cache_capacity(input_ids.shape[1], cfg))
+    return DecodeBatch(list(range(n)), cache, attention_mask[:, :0].long(), counts, think_open)
+
+
+def cache_capacity(prompt_width: int, cfg) -> int:
+    """Positions a pooled cache needs for any mode: the prompt, every committed block, and one
+    block (or draft) of scratch beyond them."""
+    size = cfg.block_size
+    return prompt_width + -(-cfg.max_new_tokens // size) * size + 2 * size
+
+
+def prompt_piece_end(done: int, total: int, chunk: int) -> int:
+    """End of the next causal prompt piece after `done` of `total` tokens: pieces end at multiples
+    of `chunk` (so a piece boundary depends only on the position, which prefix caching relies on),
+    the last piece at `total`."""
+    return min(total, (done // chunk + 1) * chunk)
 
 
 def prefill(model, batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tensor, cfg,
@@ -67,12 +83,12 @@ def prefill(model, batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: tor
     last chunk's forward with `tail_block_len`; returns the logits of the last forward's last
     `max(1, tail_block_len)` positions. A forward counts as a prefill forward unless it also
     produces tokens (a fused tail, or `last_is_prefill=False` when its last logit is used)."""
-    chunk = cfg.prefill_chunk_size
-    starts = list(range(0, input_ids.shape[1], chunk))
-    for s in starts[:-1]:
-        forward(model, batch, input_ids[:, s:s + chunk], 0, 1, cfg, log, prefill=True,
-                input_mask=prompt_mask[:, s:s + chunk])
-    last, last_mask = input_ids[:, starts[-1]:], prompt_mask[:, starts[-1]:]
+    total, done = input_ids.shape[1], 0
+    while (end := prompt_piece_end(done, total, cfg.prefill_chunk_size)) < total:
+        forward(model, batch, input_ids[:, done:end], 0, 1, cfg, log, prefill=True,
+                input_mask=prompt_mask[:, done:end])
+        done = end
+    last, last_mask = input_ids[:, done:], prompt_mask[:, done:]
     if tail is not None:
         last = torch.cat((last, tail), dim=1)
         last_mask = torch.cat((last_mask, torch.ones_like(tail)), dim=1)

@@ -137,7 +137,7 @@ class GatedDeltaNet(nn.Module):
                                                b[:, :num_causal], context, state)
             outs.append(out)
             if cache is not None:
-                cache.conv_state, cache.recurrent_state = context, state
+                cache.write(context, state)
         if block_len:
             outs.append(self._block(x_conv[..., num_causal:], context, state))
         out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]

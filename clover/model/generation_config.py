@@ -48,7 +48,8 @@ class DecodeConfig:
     prefill_chunk_size: int = 4096
     use_coreset: bool | None = None
     coreset_top_p: float | None = None
-    mode: str = "block_diffusion"  # or "ar"
+    mode: str = "block_diffusion"  # or "ar", "self_spec" (SPEC §7)
+    draft_steps: int = 1  # self_spec: block-mode passes per draft (k_draft)
 
     @property
     def pad_id(self) -> int:
@@ -67,7 +68,7 @@ SPEC_DEFAULTS = {f.name: f.default for f in fields(DecodeConfig) if f.name in SP
 THINK_TOKENS = {"think_start_token_id": "<think>", "think_end_token_id": "</think>"}
 
 FIELDS = {f.name for f in fields(DecodeConfig)}
-MODES = ("block_diffusion", "ar")
+MODES = ("block_diffusion", "ar", "self_spec")
 
 
 def _as_ids(value) -> tuple[int, ...]:
@@ -133,6 +134,10 @@ def validate_settings(cfg: DecodeConfig, vocab_size: int) -> None:
         _refuse("top_p", cfg.top_p, "must be in (0, 1]")
     if cfg.repetition_penalty <= 0:
         _refuse("repetition_penalty", cfg.repetition_penalty, "must be > 0 (1.0 = off)")
+    if cfg.draft_steps <= 0:
+        _refuse("draft_steps", cfg.draft_steps, "must be a positive integer")
+    if cfg.mode == "self_spec" and cfg.block_size < 2:
+        _refuse("block_size", cfg.block_size, "must be >= 2 for self_spec (a draft of one token verifies nothing)")
     if cfg.prefill_chunk_size <= 0:
         _refuse("prefill_chunk_size", cfg.prefill_chunk_size, "must be a positive integer")
     for name in ("pad_token_id", "think_start_token_id", "think_end_token_id"):

@@ -134,18 +134,19 @@ class CloverMoeForCausalLM(CheckpointMixin, BlockDiffusionGenerationMixin, Clove
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def new_cache(self) -> CloverCache:
-        return CloverCache(self.config.layer_types)
+    def new_cache(self, capacity: int = 0) -> CloverCache:
+        """An empty cache: growing (differentiable) by default, pooled with `capacity` positions."""
+        return CloverCache(self.config.layer_types, capacity)
 
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                 past_key_values: CloverCache | None = None, use_cache: bool | None = None,
                 block_len: int | None = None, position_ids: torch.LongTensor | None = None,
-                logits_to_keep: int = 0, use_coreset: bool | None = None,
+                logits_to_keep: int | torch.Tensor = 0, use_coreset: bool | None = None,
                 coreset_top_p: float | None = None, **kwargs) -> CloverOutput:
         """input_ids [B, T]; attention_mask [B, cached + T] (0 on left padding).
 
         `use_cache=True` without a cache starts one. `logits_to_keep=n` computes logits for the last
-        n positions only (0 = all). The coreset applies to block tokens when enabled in the config
+        n positions only (0 = all); a 1-D LongTensor selects those input positions. The coreset applies to block tokens when enabled in the config
         (or by `use_coreset`); `coreset_top_p` overrides the config's mass."""
         block_len = int(block_len or 0)
         if not 0 <= block_len <= input_ids.shape[1]:
@@ -156,7 +157,9 @@ class CloverMoeForCausalLM(CheckpointMixin, BlockDiffusionGenerationMixin, Clove
         top_p = (coreset_top_p or self.config.moe_block_coreset_top_p) if enabled else None
         hidden, experts = self.model(input_ids, attention_mask, past_key_values, block_len,
                                      position_ids, top_p)
-        if logits_to_keep:
+        if isinstance(logits_to_keep, torch.Tensor):  # positions of the input (transformers' convention)
+            hidden = hidden[:, logits_to_keep.to(hidden.device)]
+        elif logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return CloverOutput(logits=self.lm_head(hidden), past_key_values=past_key_values,
                             distinct_experts=experts)

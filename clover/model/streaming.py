@@ -13,6 +13,7 @@ import torch
 from .autoregressive import autoregressive_steps
 from .block_diffusion import block_diffusion_steps
 from .controls import make_logits_processors
+from .self_speculative import self_speculative_steps
 from .generation_config import DecodeConfig, resolve_config, validate_prompt, validate_settings
 
 
@@ -55,7 +56,8 @@ def stream_generate(model, input_ids, attention_mask=None, *, seed: int | None =
                     generator: torch.Generator | None = None, generation_config=None,
                     **kwargs) -> Iterator:
     """Decode `input_ids` [N, T] (left-padded; `attention_mask` 0 on padding) and yield events.
-    Keyword settings are the `DecodeConfig` fields (`mode="ar"` for autoregressive decoding).
+    Keyword settings are the `DecodeConfig` fields (`mode="ar"` for autoregressive
+    decoding, `mode="self_spec"` for self-speculative decoding).
     Sampling uses `generator` (on the model's device), else a fresh one seeded with `seed`."""
     request = prepare_request(model, input_ids, attention_mask, generation_config, **kwargs)
     return run_decoder(model, request, make_generator(model, seed, generator))
@@ -64,6 +66,6 @@ def stream_generate(model, input_ids, attention_mask=None, *, seed: int | None =
 @torch.no_grad()
 def run_decoder(model, request: Request, generator) -> Iterator:
     cfg = request.cfg
-    steps = autoregressive_steps if cfg.mode == "ar" else block_diffusion_steps
+    steps = {"ar": autoregressive_steps, "self_spec": self_speculative_steps}.get(cfg.mode, block_diffusion_steps)
     yield from steps(model, request.input_ids, request.attention_mask, cfg, make_logits_processors(cfg),
                      generator)

@@ -17,6 +17,10 @@ Design (correctness first: greedy output never depends on the batch, SPEC C4):
   Groups are also split by empty-cache-or-not. With one block size and short prompts that is at
   most three forwards a step; the DENOISE group's stacked cache is reused while its rows and
   their caches are unchanged.
+* Each step feeds at most `max_step_tokens` prompt tokens (`scheduler.py`), so a long prompt does
+  not stall the requests decoding next to it.
+* Prefix cache (`prefix_cache.py`): prompt state at piece boundaries is kept (LRU, `prefix_cache_mb`)
+  and a request sharing a cached prefix starts with it, prefilling only the rest.
 * Requests are admitted between steps (a block boundary for everyone). A request that finishes,
   fails or is aborted (client gone) leaves the batch before the next step and drops its cache.
 * Each request samples with its own `torch.Generator`, so sampling is batch-independent too.
@@ -36,6 +40,7 @@ import torch
 from .batch import split_cache, stack_caches, stack_inputs
 from .denoise import RowDecoder
 from .metrics import ServingMetrics
+from .prefix_cache import PrefixCache
 from .scheduler import Group, Scheduler, SchedulerConfig
 from .sequence import EngineRequest, Phase, RequestOutput, Sequence
 
@@ -47,6 +52,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     idle_wait_s: float = 0.05
     num_threads: int | None = None  # CPU intra-op threads of the engine thread (None: torch's default)
+    prefix_cache_mb: float = 256.0  # prompt-prefix cache budget (0 = off)
 
 
 class Engine:
@@ -61,6 +67,8 @@ class Engine:
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else 0
         self._denoise_memo: dict[int, tuple[list, object]] = {}  # block size -> (caches, stacked)
+        self.prefix_cache = PrefixCache(int(config.prefix_cache_mb * 2 ** 20), config.scheduler.prefill_chunk,
+                                        model.new_cache)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -142,6 +150,10 @@ class Engine:
         seq.admitted_at = time.perf_counter()
         self.metrics.queue_time.observe(seq.admitted_at - seq.request.arrival)
         seq.decoder = RowDecoder.start(self.model, seq.request.prompt_ids, seq.params)
+        hit = self.prefix_cache.lookup(seq.request.prompt_ids)
+        seq.cache, seq.prefilled = hit.cache, hit.length
+        self.metrics.prefix_hit_tokens.inc(hit.length)
+        self.metrics.prefix_miss_tokens.inc(len(seq.request.prompt_ids) - hit.length)
         seq.new_block(self.device)
         seq.next_prompt_phase(self.config.scheduler.prefill_chunk)
 
@@ -195,6 +207,7 @@ class Engine:
                 seq.prefilled += n
                 self.metrics.prompt_tokens.inc(n)
                 if group.phase is Phase.CHUNK:
+                    self.prefix_cache.store(seq.request.prompt_ids, seq.prefilled, own)
                     seq.next_prompt_phase(chunk)
 
     def _advance(self, seq: Sequence, logits: torch.Tensor) -> None:

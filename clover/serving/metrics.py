@@ -108,6 +108,10 @@ class ServingMetrics:
         self.queue_depth = Gauge("clover_queue_depth", "Requests waiting for admission.")
         self.running = Gauge("clover_running_requests", "Requests in the running batch.")
         self.prompt_tokens = Counter("clover_prompt_tokens_total", "Prompt tokens prefilled.")
+        self.prefix_hit_tokens = Counter("clover_prefix_cache_hit_tokens_total",
+                                         "Prompt tokens restored from the prefix cache.")
+        self.prefix_miss_tokens = Counter("clover_prefix_cache_miss_tokens_total",
+                                          "Prompt tokens not found in the prefix cache (prefilled).")
         self.generation_tokens = Counter("clover_generation_tokens_total", "Response tokens committed.")
         self.forward_passes = Counter("clover_forward_passes_total", "Model forward passes (one per "
                                       "group of rows that share a shape).")

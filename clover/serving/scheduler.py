@@ -4,7 +4,12 @@ Contract: `submit` and `abort` may be called from any thread; everything else ru
 thread. Waiting requests are admitted between steps, which is a block boundary for every running
 sequence (each step ends with whole-block decisions). Rows of one forward must share `block_len`
 and, when they have a cache, the number of tokens they append; so a step makes one group per
-(phase, block length, empty cache or not): prompt pieces, prefills, fused commits, denoising steps.
+(phase, block length, empty cache or not, tokens appended by cached prompt rows): prompt pieces,
+prefills, fused commits, denoising steps.
+
+Step token budget: a step feeds at most `max_step_tokens` prompt tokens (like vLLM's batched-token
+budget), shortest remaining prompt first, alongside every denoising and commit row; a long prompt
+therefore advances piece by piece while short requests start and finish between its pieces.
 """
 
 import threading
@@ -23,7 +28,13 @@ class SchedulerConfig:
     max_batch_size: int = 32  # running sequences
     max_queue: int = 256  # waiting (not yet admitted) sequences
     max_prefill_tokens: int = 8192  # prompt tokens admitted per step (at least one request)
-    prefill_chunk: int = 4096  # longest prompt piece in one forward
+    prefill_chunk: int = 512  # longest prompt piece in one forward; pieces end on its grid
+    max_step_tokens: int = 2048  # prompt tokens fed per step, over all rows (at least 1)
+
+    def __post_init__(self):
+        for name in ("max_batch_size", "max_queue", "max_prefill_tokens", "prefill_chunk", "max_step_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
 
 
 @dataclass
@@ -93,11 +104,29 @@ class Scheduler:
                 admitted.append(seq)
         return admitted
 
+    def plan_prompt_tokens(self) -> set[int]:
+        """Share the step's prompt-token budget, shortest remaining prompt first; returns the ids
+        of the sequences that feed prompt tokens this step (the others wait a step)."""
+        budget, chosen = self.config.max_step_tokens, set()
+        for seq in sorted((s for s in self.running if s.in_prompt), key=lambda s: s.prompt_left):
+            tokens = min(seq.next_piece(self.config.prefill_chunk), budget)
+            if tokens <= 0:
+                break
+            seq.plan_prompt_step(tokens)
+            budget -= tokens
+            chosen.add(id(seq))
+        return chosen
+
     def groups(self) -> list[Group]:
-        """Running sequences grouped by (phase, block length, cached or not), in admission order."""
+        """This step's forwards: running sequences grouped by (phase, block length, cached or not,
+        tokens appended by a cached prompt row), in admission order."""
+        feeding = self.plan_prompt_tokens()
         groups: dict[tuple, Group] = {}
         for seq in self.running:
-            key = (seq.phase, seq.block_len, seq.cache is None)
+            if seq.in_prompt and id(seq) not in feeding:
+                continue
+            appended = seq.step_tokens if seq.in_prompt and seq.cache is not None else 0
+            key = (seq.phase, seq.block_len, seq.cache is None, appended)
             groups.setdefault(key, Group(seq.phase, seq.block_len, [])).seqs.append(seq)
         return list(groups.values())
 

@@ -7,9 +7,10 @@ A `Sequence` is owned by the engine thread. Its phase says what its next forward
   DENOISE  [block]                       block mode only (reads the cache)
   COMMIT   [finished block, B masks]     fused commit (writes) + next block (SPEC §3.3, C3)
 
-A prompt longer than the chunk size C is fed in pieces so that no forward holds more than C prompt
-tokens: first `L - (k-1)·C` tokens (1..C), then full pieces of C, the last one fused with the
-first block. So every piece after the first appends exactly C tokens to a cache.
+A prompt is fed in pieces that end on the grid of the chunk size C (`prompt_piece_end`, the rule
+`model.generate` uses too), the last one fused with the first block; the scheduler may cut a piece
+shorter to keep a step within its prompt-token budget (`step_tokens`). Pieces ending on the grid
+are where the prefix cache stores and restores prompt state.
 """
 
 import time
@@ -19,6 +20,7 @@ from enum import Enum
 import torch
 
 from clover.model import CloverCache
+from clover.model.decode_batch import prompt_piece_end
 from clover.model.generation_config import DecodeConfig
 
 
@@ -69,6 +71,7 @@ class Sequence:
     block: torch.Tensor | None = None  # [B] current block, mask_token_id where unfilled
     pending: list[int] = field(default_factory=list)  # finished block waiting to be committed
     prefilled: int = 0  # prompt tokens already in the cache
+    step_tokens: int = 0  # prompt tokens this step feeds (set by the scheduler; 0: sits out)
     generated: list[int] = field(default_factory=list)
     num_forwards: int = 0
     admitted_at: float | None = None
@@ -90,19 +93,34 @@ class Sequence:
     def remaining(self) -> int:
         return self.params.max_new_tokens - len(self.generated)
 
+    @property
+    def prompt_left(self) -> int:
+        return len(self.request.prompt_ids) - self.prefilled
+
+    @property
+    def in_prompt(self) -> bool:
+        return self.phase in (Phase.CHUNK, Phase.PREFILL)
+
+    def next_piece(self, chunk: int) -> int:
+        """Length of the next prompt piece on the grid of `chunk`."""
+        total = len(self.request.prompt_ids)
+        return prompt_piece_end(self.prefilled, total, chunk) - self.prefilled
+
+    def plan_prompt_step(self, tokens: int) -> None:
+        """Feed `tokens` prompt tokens this step: PREFILL (with the first block) if they finish the
+        prompt, else CHUNK."""
+        self.step_tokens = tokens
+        self.phase = Phase.PREFILL if tokens == self.prompt_left else Phase.CHUNK
+
     def next_prompt_phase(self, chunk: int) -> None:
         """CHUNK while more than one piece of the prompt is left, then PREFILL."""
-        left = len(self.request.prompt_ids) - self.prefilled
-        self.phase = Phase.CHUNK if left > chunk else Phase.PREFILL
+        self.plan_prompt_step(self.next_piece(chunk))
 
     def causal_input(self, chunk: int) -> list[int]:
         """Tokens this step appends to the cache (before the block, if any)."""
         prompt = self.request.prompt_ids
-        if self.phase is Phase.CHUNK:
-            size = (len(prompt) - self.prefilled - 1) % chunk + 1  # the first piece takes the rest
-            return prompt[self.prefilled:self.prefilled + size]
-        if self.phase is Phase.PREFILL:
-            return prompt[self.prefilled:]
+        if self.in_prompt:
+            return prompt[self.prefilled:self.prefilled + self.step_tokens]
         if self.phase is Phase.COMMIT:
             return self.pending
         return []

@@ -28,8 +28,8 @@ class ScriptedModel(nn.Module):
         self.anchor = nn.Parameter(torch.zeros(1))
         self.calls: list[tuple[int, int, int]] = []  # (batch, length, block_len)
 
-    def new_cache(self):
-        return CloverCache([])
+    def new_cache(self, capacity: int = 0):
+        return CloverCache([], capacity)
 
     def forward(self, input_ids, attention_mask=None, past_key_values=None, block_len=None,
                 logits_to_keep=0, **kwargs):
@@ -44,4 +44,6 @@ class ScriptedModel(nn.Module):
                 token, confidence = self.script.get(n, (8, 0.2))
                 logits[row, i, token] = confidence_logit(confidence)
         past_key_values.seq_length += t - block_len
+        if isinstance(logits_to_keep, torch.Tensor):
+            return SimpleNamespace(logits=logits[:, logits_to_keep])
         return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)

@@ -61,7 +61,8 @@ def test_show_denoising_on_a_terminal_redraws_in_place(checkpoint):
 
     model, tokenizer = load(checkpoint, "cpu")
     args = Namespace(chat=False, system=None, thinking=None, block_size=4, threshold=0.9, max_new_tokens=8,
-                     temperature=None, top_p=None, top_k=None, seed=None, show_denoising=True, ar=False)
+                     temperature=None, top_p=None, top_k=None, seed=None, show_denoising=True, ar=False,
+                     self_spec=False)
     out, err = Terminal(), io.StringIO()
     assert generate_text(model, tokenizer, args, "hello", out, err) == 0
     assert "\r\x1b[K" in out.getvalue() and "░" in out.getvalue()
@@ -72,6 +73,17 @@ def test_stdin_prompt_and_ar(checkpoint, capsys, monkeypatch):
     code, out, err = run_cli(capsys, "-", "--model", checkpoint, "--ar", "--max-new-tokens", "5")
     assert code == 0, err
     assert "5 forwards" in err or "stop: eos" in err
+
+
+def test_self_spec_prints_the_ar_text(checkpoint, capsys):
+    code, ar, err = run_cli(capsys, "the quick brown", "--model", checkpoint, "--ar", "--max-new-tokens", "12")
+    assert code == 0, err
+    code, spec, err = run_cli(capsys, "the quick brown", "--model", checkpoint, "--self-spec",
+                              "--max-new-tokens", "12")
+    assert code == 0, err
+    assert spec == ar
+    code, _, err = run_cli(capsys, "hi", "--model", checkpoint, "--ar", "--self-spec")
+    assert code == 2 and "exclusive" in err
 
 
 def test_errors_are_reported(checkpoint, capsys):

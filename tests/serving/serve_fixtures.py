@@ -101,7 +101,7 @@ class ScriptedModel(torch.nn.Module):
     def device(self):
         return self.anchor.device
 
-    def new_cache(self):
+    def new_cache(self, capacity: int = 0):  # always growing: forward below replaces tensors
         from clover.model import CloverCache
         return CloverCache(self.config.layer_types)
 
@@ -121,9 +121,13 @@ class ScriptedModel(torch.nn.Module):
         new = input_ids[:, None, :n_causal, None].float()
         att.key = new if att.key is None else torch.cat((att.key, new), dim=2)
         att.value = att.key
-        if gdn.conv_state is None:  # prefill: remember each row's prompt length
-            gdn.conv_state = attention_mask[:, past:past + n_causal].sum(-1).float().view(g, 1, 1)
-            gdn.recurrent_state = torch.zeros(g, 1, 1, 1)
+        if gdn.conv_state is None:  # per row: prompt length so far, and whether the prompt is complete
+            gdn.conv_state, gdn.recurrent_state = torch.zeros(g, 1, 1), torch.zeros(g, 1, 1, 1)
+        prompt_open = gdn.recurrent_state.view(g, 1, 1) == 0  # prompt pieces until the first block
+        fed = attention_mask[:, past:past + n_causal].sum(-1).float().view(g, 1, 1)
+        gdn.conv_state = gdn.conv_state + torch.where(prompt_open, fed, 0.0)
+        if block_len:
+            gdn.recurrent_state = torch.ones(g, 1, 1, 1)
         cache.seq_length += n_causal
         logits = torch.full((g, block_len, self.config.vocab_size), -30.0)
         real = attention_mask[:, :past + n_causal].bool()

@@ -1,0 +1,114 @@
+"""Prefix cache and step token budget on the serving engine (embedded model, CPU, in process).
+
+Reproduce:  OMP_NUM_THREADS=1 python benchmarks/engine_features.py [--system 2048 --long 8192]
+
+* Prefix cache: time to first block of a request sharing a `--system`-token prefix with an earlier
+  one, against the same request on a cold cache (ratio; goal <= 0.3).
+* Head-of-line: latency of 8-token requests submitted while a `--long`-token prompt prefills,
+  against the same requests on an idle engine; with the step budget (defaults) and without it
+  (pieces of 4096, no budget: the engine before this change).
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+
+def make_engine(model, tok, **scheduler):
+    from clover.serving.engine import Engine, EngineConfig
+    from clover.serving.scheduler import SchedulerConfig
+
+    mb = scheduler.pop("prefix_cache_mb", 256.0)
+    return Engine(model, tok, EngineConfig(SchedulerConfig(**scheduler), prefix_cache_mb=mb))
+
+
+def drive(engine, requests, cfg, submit_at=None):
+    """Submit (id, ids) requests (request i at engine step submit_at[i]); step until idle.
+    Returns id -> (seconds to first block, seconds to finish)."""
+    from clover.serving.sequence import EngineRequest
+
+    submit_at = submit_at or [0] * len(requests)
+    first, done, start = {}, {}, {}
+
+    def sink(rid):
+        def put(out):
+            now = time.perf_counter()
+            if out.new_token_ids and rid not in first:
+                first[rid] = now - start[rid]
+            if out.finished:
+                done[rid] = now - start[rid]
+        return put
+    step = 0
+    with torch.inference_mode():
+        while True:
+            for (rid, ids), at in zip(requests, submit_at):
+                if at == step:
+                    start[rid] = time.perf_counter()
+                    engine.submit(EngineRequest(rid, ids, cfg), sink(rid))
+            if not (engine.scheduler.num_running or engine.scheduler.num_waiting) and step > max(submit_at):
+                break
+            engine.step()
+            step += 1
+    return {rid: (first.get(rid, done[rid]), done[rid]) for rid, _ in requests}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--system", type=int, default=2048)
+    p.add_argument("--long", type=int, default=8192)
+    p.add_argument("--short", type=int, default=8, help="short requests during the long prefill")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    import clover
+    from transformers import AutoTokenizer
+
+    from clover import CloverMoeForCausalLM
+    from clover.serving.params import request_config, server_defaults
+
+    path = clover.default_model_dir()
+    model = CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=32, eos_token_id=[]),
+                         model.config.vocab_size)
+    g = torch.Generator().manual_seed(0)
+    words = lambda n: torch.randint(10, model.config.vocab_size - 10, (n,), generator=g).tolist()  # noqa: E731
+    words_ok = lambda ids: [t if t != model.config.mask_token_id else t + 1 for t in ids]  # noqa: E731
+    system = words_ok(words(args.system))
+
+    # prefix cache: cold vs warm time to first block, same engine settings
+    question = words_ok(words(16))
+    cold = drive(make_engine(model, tok, prefix_cache_mb=0), [("q", system + question)], cfg)["q"][0]
+    warm_engine = make_engine(model, tok)
+    drive(warm_engine, [("a", system + words_ok(words(16)))], cfg)
+    warm = drive(warm_engine, [("q", system + question)], cfg)["q"][0]
+    hit = warm_engine.metrics.prefix_hit_tokens.value()
+    print(f"prefix cache: {args.system}-token shared prefix, first block cold {1e3 * cold:.0f} ms, "
+          f"warm {1e3 * warm:.0f} ms, ratio {warm / cold:.2f} ({hit:.0f} prompt tokens from the cache)")
+
+    # head-of-line
+    shorts = [(f"s{i}", words_ok(words(8))) for i in range(args.short)]
+    long_req = ("long", words_ok(words(args.long)))
+    for name, settings in [("step budget (defaults: 2048 / step, pieces of 512)", {}),
+                           ("step budget 128 / step, pieces of 128", dict(prefill_chunk=128, max_step_tokens=128)),
+                           ("no budget (4096 pieces)", dict(prefill_chunk=4096, max_step_tokens=1 << 30))]:
+        idle = drive(make_engine(model, tok, prefix_cache_mb=0, **settings), shorts, cfg,
+                     submit_at=list(range(0, 2 * len(shorts), 2)))
+        busy = drive(make_engine(model, tok, prefix_cache_mb=0, **settings), [long_req] + shorts, cfg,
+                     submit_at=[0] + list(range(1, 2 * len(shorts) + 1, 2)))
+        lat_idle = sorted(v[1] for v in idle.values())
+        lat_busy = sorted(busy[r][1] for r, _ in shorts)
+        p99 = lambda xs: xs[min(len(xs) - 1, int(0.99 * len(xs)))]  # noqa: E731
+        print(f"head-of-line, {name}: 8-token requests during a {args.long}-token prefill: p50 "
+              f"{1e3 * statistics.median(lat_busy):.0f} ms, p99 {1e3 * p99(lat_busy):.0f} ms; idle p50 "
+              f"{1e3 * statistics.median(lat_idle):.0f} ms, p99 {1e3 * p99(lat_idle):.0f} ms; p99 ratio "
+              f"{p99(lat_busy) / p99(lat_idle):.2f}; long request {busy['long'][1]:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

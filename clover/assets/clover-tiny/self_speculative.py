@@ -1,0 +1,1 @@
+../../model/self_speculative.py

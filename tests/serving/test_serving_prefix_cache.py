@@ -1,0 +1,106 @@
+"""Prefix caching (output with a hit token-identical to without, LRU under the byte budget,
+/metrics counters) and the step token budget (a long prompt does not block a short request)."""
+
+import pytest
+import torch
+
+from clover.serving.engine import Engine, EngineConfig
+from clover.serving.params import request_config, server_defaults
+from clover.serving.scheduler import SchedulerConfig
+from clover.serving.sequence import EngineRequest
+from serve_fixtures import make_model, make_tokenizer
+
+SYSTEM = "You are a careful assistant. Answer in one short sentence, and never guess. " * 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return make_model(tok)
+
+
+def run(engine, requests):
+    outs = {rid: [] for rid, _ in requests}
+    for rid, ids in requests:
+        cfg = request_config(server_defaults(engine.model, engine.tokenizer), dict(max_new_tokens=8, block_size=4),
+                             engine.model.config.vocab_size)
+        engine.submit(EngineRequest(rid, ids, cfg), outs[rid].append)
+    with torch.inference_mode():
+        while engine.scheduler.num_running or engine.scheduler.num_waiting:
+            engine.step()
+    return {rid: [t for o in v for t in o.new_token_ids] for rid, v in outs.items()}
+
+
+def engine(model, tok, mb: float, chunk: int = 8, step_tokens: int = 2048):
+    return Engine(model, tok, EngineConfig(SchedulerConfig(prefill_chunk=chunk, max_step_tokens=step_tokens),
+                                           prefix_cache_mb=mb))
+
+
+def test_a_prefix_hit_gives_the_same_tokens(model, tok):
+    first, second = tok.encode(SYSTEM + "What is 2+2?"), tok.encode(SYSTEM + "Name a colour.")
+    cold = run(engine(model, tok, 0), [("b", second)])["b"]
+    warm_engine = engine(model, tok, 64)
+    run(warm_engine, [("a", first)])
+    assert warm_engine.metrics.prefix_hit_tokens.value() == 0
+    assert run(warm_engine, [("b", second)])["b"] == cold
+    shared = next(i for i, (x, y) in enumerate(zip(first, second)) if x != y)
+    hit = warm_engine.metrics.prefix_hit_tokens.value()
+    assert hit == shared // 8 * 8 > 0  # whole pages of the shared prefix
+    assert warm_engine.metrics.prefix_miss_tokens.value() == len(first) + len(second) - hit
+    assert "clover_prefix_cache_hit_tokens_total" in warm_engine.metrics.render()
+
+
+@torch.no_grad()
+def test_lru_eviction_keeps_the_budget(model, tok):
+    """Three pages stored under a budget of two: the least recently used one goes, and a chain
+    missing a page stops hitting there."""
+    from clover.serving.prefix_cache import PrefixCache
+
+    prompt = tok.encode(SYSTEM)[:25]
+    cache, pages = model.new_cache(), PrefixCache(2 ** 30, 8, model.new_cache)
+    for end in (8, 16, 24):
+        model(torch.tensor([prompt[end - 8:end]]), past_key_values=cache)
+        pages.store(prompt, end, cache)
+    assert pages.lookup(prompt).length == 24
+    entry = next(iter(pages.entries.values())).nbytes
+    pages = PrefixCache(2 * entry, 8, model.new_cache)
+    cache = model.new_cache()
+    for end in (8, 16, 24):
+        model(torch.tensor([prompt[end - 8:end]]), past_key_values=cache)
+        pages.store(prompt, end, cache)
+    assert pages.nbytes <= 2 * entry and len(pages.entries) == 2
+    assert pages.lookup(prompt).length == 0  # page 1 was evicted first
+
+
+def test_step_budget_lets_a_short_request_finish_during_a_long_prefill(model, tok):
+    long_prompt, short_prompt = tok.encode(SYSTEM * 3), tok.encode("Hi")
+    eng = engine(model, tok, 0, chunk=8, step_tokens=8)
+    cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=4, block_size=4), model.config.vocab_size)
+    done_at, steps = {}, [0]
+
+    def sink(output):
+        if output.finished:
+            done_at[output.request_id] = steps[0]
+    eng.submit(EngineRequest("long", long_prompt, cfg), sink)
+    eng.submit(EngineRequest("short", short_prompt, cfg), sink)
+    with torch.inference_mode():
+        while eng.scheduler.num_running or eng.scheduler.num_waiting:
+            before = eng.metrics.prompt_tokens.value()
+            eng.step()
+            assert eng.metrics.prompt_tokens.value() - before <= 8  # the step budget
+            steps[0] += 1
+    assert done_at["short"] < len(long_prompt) // 16  # finished before half the long prompt was fed
+    assert done_at["short"] < done_at["long"]
+    assert eng.metrics.prompt_tokens.value() == len(long_prompt) + len(short_prompt)
