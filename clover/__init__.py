@@ -1,18 +1,19 @@
 """clover: inference, serving and post-training for Clover-style block-diffusion MoE models.
 
-Importing the package registers `clover_moe` with transformers' Auto classes.
+Importing the package is light (no torch, no transformers). `clover_moe` is registered with
+transformers' Auto classes on first use: when `AutoConfig`/`AutoModelForCausalLM` load something, or
+when one of the model classes below is taken from this package (see `registration`).
 """
 
 from pathlib import Path
 
-from transformers import AutoConfig, AutoModelForCausalLM
+from .registration import install as _install_registration
+from .registration import register_auto_classes
 
-from .model import CloverCache, CloverMoeConfig, CloverMoeForCausalLM
-
-AutoConfig.register("clover_moe", CloverMoeConfig, exist_ok=True)
-AutoModelForCausalLM.register(CloverMoeConfig, CloverMoeForCausalLM, exist_ok=True)
+_install_registration()
 
 EMBEDDED_MODEL = "clover-tiny"
+MODEL_CLASSES = ("CloverCache", "CloverMoeConfig", "CloverMoeForCausalLM")
 
 
 def default_model_dir() -> Path:
@@ -24,4 +25,13 @@ def default_model_dir() -> Path:
     return path
 
 
-__all__ = ["default_model_dir", "CloverCache", "CloverMoeConfig", "CloverMoeForCausalLM"]
+def __getattr__(name: str):
+    if name in MODEL_CLASSES:
+        register_auto_classes()
+        from . import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module 'clover' has no attribute {name!r}")
+
+
+__all__ = ["default_model_dir", "register_auto_classes", *MODEL_CLASSES]

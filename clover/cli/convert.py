@@ -6,8 +6,7 @@ partial output; temporaries of an earlier killed run are removed."""
 
 import argparse
 
-from clover.checkpoint import ConvertOptions, convert_checkpoint
-from clover.checkpoint.convert import DTYPES
+from clover.dtypes import DTYPE_NAMES
 
 from .common import sigterm_raises
 
@@ -23,7 +22,7 @@ def register(subparsers) -> None:
                    help="reuse this id for <|mask|> (default: the tokenizer's next free id if the "
                         "embedding has that row, else a new row appended to the vocabulary)")
     p.add_argument("--block-size", type=int, default=32, help="default block length (divides 32)")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="output dtype")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_NAMES], help="output dtype")
     p.add_argument("--coreset", action=argparse.BooleanOptionalAction, default=True,
                    help="enable the MoE block coreset while denoising")
     p.add_argument("--coreset-top-p", type=float, default=0.9, help="routing mass the coreset covers")
@@ -32,6 +31,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from clover.checkpoint import ConvertOptions, convert_checkpoint
+
     options = ConvertOptions(mask_token_id=args.mask_token_id, block_size=args.block_size, dtype=args.dtype,
                              coreset=args.coreset, coreset_top_p=args.coreset_top_p,
                              max_shard_size=args.max_shard_size)

@@ -1,4 +1,7 @@
-"""`clover` command: each subcommand lives in its own module exposing `register(subparsers)`."""
+"""`clover` command: each subcommand lives in its own module exposing `register(subparsers)`.
+
+Registering a command imports nothing heavy: torch, transformers and the model are imported by the
+command's `run`, so `clover --help` and `clover CMD --help` answer at once."""
 
 import argparse
 import importlib
@@ -8,20 +11,14 @@ import traceback
 
 from .common import is_user_error
 
-COMMANDS = ["info", "convert", "quantize", "generate", "train", "eval", "serve", "bench"]
+COMMANDS = ["info", "convert", "quantize", "generate", "train", "eval", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clover", description="Clover block-diffusion MoE toolkit")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"clover.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"clover.cli.{name}":
-                continue  # command not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"clover.cli.{name}").register(sub)
     return parser
 
 
