@@ -25,21 +25,20 @@ import torch
 from safetensors import safe_open
 from transformers.utils import logging
 
+from clover.dtypes import DTYPE_NAMES, torch_dtype
 from clover.model import CloverMoeConfig, CloverMoeForCausalLM
 from clover.model.checkpoint_load import (CheckpointIndex, TensorRef, checkpoint_dtype, index_checkpoint,
                                           params_on_meta, plan_sources, read_parameter)
 from clover.model.checkpoint_io import tied_parameters
 from clover.model.checkpoint_names import VOCAB_ROW_KEYS, block_file, is_block_attr, normalize_key
 from clover.model.checkpoint_save import (PendingTensor, atomic_directory, copy_model_code, write_block_files,
-                                          write_config, write_weights)
+                                          write_config, write_generation_config, write_weights)
 
-from .generation_defaults import write_generation_config
+from .generation_defaults import generation_settings
 from .source import read_source_config
 from .tokenizer_files import copy_tokenizer, next_free_id
 
 logger = logging.get_logger(__name__)
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-          "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -116,9 +115,9 @@ def _output_dtype(requested, ckpt: CheckpointIndex, declared: str | None) -> tor
         return checkpoint_dtype(ckpt, declared)
     if isinstance(requested, torch.dtype):
         return requested
-    if requested not in DTYPES:
-        raise ValueError(f"dtype={requested!r} must be one of auto, {', '.join(DTYPES)}")
-    return DTYPES[requested]
+    if requested not in DTYPE_NAMES:
+        raise ValueError(f"dtype={requested!r} must be one of auto, {', '.join(DTYPE_NAMES)}")
+    return torch_dtype(requested)
 
 
 def is_clover_checkpoint(path: Path) -> bool:
@@ -184,7 +183,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions
     with atomic_directory(dst) as tmp:
         tokenizer_files = copy_tokenizer(src, tmp, mask_id)  # first: it may refuse the mask id
         write_config(tmp, config, CloverMoeForCausalLM.__name__, dtype)
-        write_generation_config(tmp, config, source.token_ids, src)
+        write_generation_config(tmp, generation_settings(config, source.token_ids, src))
         write_weights(tmp, _backbone_tensors(ckpt, plan.sources, expected, dtype, mask_id, mask_row),
                       options.max_shard_size)
         write_block_files(tmp, block)

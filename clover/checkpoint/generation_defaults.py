@@ -1,6 +1,5 @@
 """`generation_config.json` of a converted checkpoint: the SPEC §2 defaults plus the source's token ids."""
 
-import json
 from pathlib import Path
 
 from clover.model.generation_config import SPEC_DEFAULTS, THINK_TOKENS
@@ -24,6 +23,3 @@ def generation_settings(config, token_ids: dict, src: str | Path) -> dict:
     return settings
 
 
-def write_generation_config(directory: Path, config, token_ids: dict, src: str | Path) -> None:
-    settings = generation_settings(config, token_ids, src)
-    (Path(directory) / "generation_config.json").write_text(json.dumps(settings, indent=2) + "\n")

@@ -19,6 +19,7 @@ from .checkpoint_names import (CONFIG_FILE, GENERATION_CONFIG_FILE, block_file, 
                                is_fused_experts, split_experts)
 from .checkpoint_save import (PendingTensor, atomic_directory, copy_model_code, write_block_files,
                               write_config, write_generation_config, write_weights)
+from .generation_config import without_neutral_settings
 from .quantized import quantization_spec, quantize_modules
 
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "revision", "token")
@@ -27,6 +28,15 @@ _SILENT_KWARGS = ("trust_remote_code", "_from_auto", "_from_pipeline", "adapter_
                   "code_revision", "_commit_hash", "low_cpu_mem_usage", "use_safetensors",
                   "attn_implementation", "weights_only", "key_mapping")
 _SNAPSHOT_PATTERNS = ["*.json", "*.safetensors", "*.py", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+
+
+def read_generation_config(root: Path, generation_class=GenerationConfig):
+    """The checkpoint's generation config, read without the neutral flags that older checkpoints of
+    this project carry (`top_k: 0`) and that transformers would warn about on every load."""
+    settings = json.loads((root / GENERATION_CONFIG_FILE).read_text(encoding="utf-8"))
+    config = generation_class.from_dict(without_neutral_settings(settings))
+    config._original_object_hash = hash(config)  # as GenerationConfig.from_pretrained does
+    return config
 
 
 def _resolve_dir(path: str | os.PathLike, kwargs: dict) -> Path:
@@ -139,8 +149,8 @@ class CheckpointMixin:
         model.config.dtype = dtype
         model.config._name_or_path = str(pretrained_model_name_or_path)
         if (root / GENERATION_CONFIG_FILE).is_file():
-            generation_class = getattr(cls, "generation_config_class", GenerationConfig)
-            model.generation_config = generation_class.from_pretrained(root)
+            model.generation_config = read_generation_config(root, getattr(cls, "generation_config_class",
+                                                                           GenerationConfig))
         return model.eval()
 
     def save_pretrained(self, save_directory: str | os.PathLike, max_shard_size: int | str = "5GB",

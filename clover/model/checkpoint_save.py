@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 
 from .checkpoint_names import (AUTO_MAP, CONFIG_FILE, CONV_RIGHT_FILE, GENERATION_CONFIG_FILE,
                                INDEX_FILE, SCALARS_FILE, WEIGHTS_FILE, block_file, shard_name)
+from .generation_config import without_neutral_settings
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -100,13 +101,18 @@ def write_config(directory: Path, config, architecture: str, dtype: torch.dtype)
     config.to_json_file(str(directory / CONFIG_FILE), use_diff=True)
 
 
-def write_generation_config(directory: Path, generation_config) -> None:
-    """The non-default settings, without `_from_model_config` (transformers drops every custom
-    field, e.g. `threshold`, of a file that carries it)."""
-    settings = generation_config.to_diff_dict()
-    settings.pop("_from_model_config", None)
-    text = json.dumps(settings, indent=2, sort_keys=True, default=str)
-    (directory / GENERATION_CONFIG_FILE).write_text(text + "\n")
+def write_generation_config(directory: Path, settings) -> None:
+    """`generation_config.json`: `settings` (a dict, or a `GenerationConfig`'s non-default values) merged
+    over the file already in `directory`. Left out: `_from_model_config` (transformers drops every
+    custom field, e.g. `threshold`, of a file that carries it) and the neutral flags transformers
+    would warn about on every load (`top_k: 0` beside greedy decoding; see `without_neutral_settings`)."""
+    if not isinstance(settings, dict):
+        settings = settings.to_diff_dict()
+    path = Path(directory) / GENERATION_CONFIG_FILE
+    current = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    merged = without_neutral_settings({**current, **settings})
+    merged.pop("_from_model_config", None)
+    path.write_text(json.dumps(merged, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
 
 
 def copy_model_code(directory: Path) -> None:

@@ -67,7 +67,19 @@ SPEC_FIELDS = ("max_new_tokens", "block_size", "threshold", "do_sample", "temper
 SPEC_DEFAULTS = {f.name: f.default for f in fields(DecodeConfig) if f.name in SPEC_FIELDS}
 THINK_TOKENS = {"think_start_token_id": "<think>", "think_end_token_id": "</think>"}
 
+# Values that mean "off" both here and in transformers, which still warns ("generation flags are not
+# valid") when they sit beside `do_sample: false`. Leaving them out of a checkpoint changes nothing:
+# an absent field resolves to the same DecodeConfig default.
+NEUTRAL_SETTINGS = {"top_k": 0}
+
 FIELDS = {f.name for f in fields(DecodeConfig)}
+
+
+def without_neutral_settings(settings: dict) -> dict:
+    """`settings` without the neutral values of `NEUTRAL_SETTINGS` (what a checkpoint should carry)."""
+    return {k: v for k, v in settings.items() if not (k in NEUTRAL_SETTINGS and v == NEUTRAL_SETTINGS[k])}
+
+
 MODES = ("block_diffusion", "ar", "self_spec")
 
 

@@ -2,11 +2,11 @@
 model's own `save_pretrained`, plus `generation_config.json` and the tokenizer files."""
 
 import copy
-import json
 from pathlib import Path
 
 import torch
 
+from clover.model.checkpoint_save import write_generation_config
 from clover.model.generation_config import SPEC_DEFAULTS, THINK_TOKENS
 
 
@@ -22,13 +22,6 @@ def think_token_ids(tokenizer) -> dict:
     """`<think>` / `</think>` ids for the think-end bias (SPEC §6), when the tokenizer has them."""
     vocab = tokenizer.get_vocab()
     return {name: vocab[token] for name, token in THINK_TOKENS.items() if token in vocab}
-
-
-def write_generation_config(directory: Path, values: dict) -> None:
-    """Merge `values` into an existing generation_config.json (the model may write one)."""
-    path = directory / "generation_config.json"
-    current = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    path.write_text(json.dumps({**current, **values}, indent=2) + "\n", encoding="utf-8")
 
 
 def export_checkpoint(model, directory: str | Path, eos_ids: tuple[int, ...], pad_id: int,
