@@ -84,7 +84,7 @@ def prompts(n: int) -> list[str]:
 # -- server ------------------------------------------------------------------------------------
 
 def start_server(model_dir: Path, args, log_path: Path) -> tuple[subprocess.Popen, str]:
-    from clover.serving.runtime import pick_device
+    from clover.loading import pick_device
 
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -179,16 +179,14 @@ def batch1_overhead(url: str, model_dir: Path, prompt: str, args) -> dict:
     import openai
     import torch
 
-    from clover.cli.generate import generate_text, load
+    from clover.cli.generate import generate_text
     from clover.cli.main import build_parser
-    from clover.serving.runtime import DTYPES, pick_device
+    from clover.loading import LoadOptions, load_model_and_tokenizer, pick_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
     device = str(pick_device(args.device))
-    model, tokenizer = load(str(model_dir), device)
-    if DTYPES.get(args.dtype):
-        model = model.to(DTYPES[args.dtype])
+    model, tokenizer = load_model_and_tokenizer(model_dir, LoadOptions(device=device, dtype=args.dtype))
     cli = build_parser().parse_args(["generate", prompt, "--chat", "--no-thinking", "--temperature", "0",
                                      "--max-new-tokens", str(args.max_tokens),
                                      "--block-size", str(args.block_size), "--device", device])
@@ -290,7 +288,7 @@ def main() -> None:
             proc.wait(timeout=60)
     import torch
 
-    from clover.serving.runtime import pick_device
+    from clover.loading import pick_device
     device = pick_device(args.device)
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     setting = dict(model=model_name, device=str(device), dtype=dtype,

@@ -2,12 +2,12 @@
 
 import json
 
-from .common import model_path
+from .model_options import add_model_arguments, load_options, model_dir
 
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a model on held-out task prompts (diffusion vs AR)")
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    add_model_arguments(p)
     p.add_argument("--task", default="all", help="task name or 'all'")
     p.add_argument("--limit", type=int, default=40, help="prompts per task (default 40)")
     p.add_argument("--seed", type=int, default=0, help="evaluation split seed")
@@ -30,11 +30,10 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import torch
-    from clover.checkpoint.tokenizer_load import load_tokenizer
 
-    from clover import CloverMoeForCausalLM, default_model_dir
     from clover.data import EVAL_TASKS, TASKS, eval_examples, get_task
     from clover.evaluation.run import evaluate, report_lines
+    from clover.loading import load_model_and_tokenizer
 
     if args.limit <= 0:
         raise ValueError(f"--limit={args.limit} must be positive")
@@ -44,12 +43,11 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     if args.task != "all" and args.task not in TASKS:
         raise ValueError(f"--task={args.task!r} is unknown; known: {sorted(TASKS)} or 'all'")
-    model_dir = model_path(args.model) if args.model else default_model_dir()
-    model = CloverMoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    tokenizer = load_tokenizer(model_dir)
+    directory = model_dir(args)
+    model, tokenizer = load_model_and_tokenizer(directory, load_options(args))
     tasks = [get_task(n) for n in (EVAL_TASKS if args.task == "all" else [args.task])]
     examples = eval_examples(args.limit, seed=args.seed, tasks=tasks)
-    report = evaluate(model, tokenizer, examples, model_name=str(model_dir), task=args.task,
+    report = evaluate(model, tokenizer, examples, model_name=str(directory), task=args.task,
                       threshold=args.threshold, block_size=args.block_size,
                       max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar,
                       enable_thinking=args.thinking)

@@ -12,7 +12,8 @@ import shutil
 import sys
 import time
 
-from .common import UserError, check_device, model_path
+from .common import UserError
+from .model_options import add_model_arguments, load_options, model_dir
 
 MASK_GLYPH = "░"
 CLEAR_LINE = "\r\x1b[K"
@@ -21,7 +22,6 @@ CLEAR_LINE = "\r\x1b[K"
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text with block diffusion (or AR)")
     p.add_argument("prompt", nargs="?", help="prompt text, '-' to read stdin (default: a built-in airspace example)")
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("--enable-thinking", dest="thinking", action="store_true", default=None,
@@ -39,7 +39,7 @@ def register(sub) -> None:
     p.add_argument("--ar", action="store_true", help="autoregressive decoding (one token per forward)")
     p.add_argument("--self-spec", action="store_true",
                    help="self-speculative decoding: block-mode drafts verified causally (AR's output, SPEC §7)")
-    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    add_model_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -71,28 +71,6 @@ def apply_builtin_example(args: argparse.Namespace) -> None:
     thinking mode, as every other entry point)."""
     if args.prompt is None:
         args.prompt, args.chat = builtin_example(), True
-
-
-def model_dir(path: str | None):
-    if path is not None:
-        return model_path(path)
-    import clover
-
-    if not hasattr(clover, "default_model_dir"):
-        raise ValueError("--model DIR is required (this build has no embedded model)")
-    return clover.default_model_dir()
-
-
-def load(path, device: str | None):
-    import torch
-    from clover.checkpoint.tokenizer_load import load_tokenizer
-
-    from clover import CloverMoeForCausalLM
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    model = CloverMoeForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    return model, load_tokenizer(path)
 
 
 def prompt_ids(tokenizer, text: str, args) -> list[int]:
@@ -252,7 +230,9 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is None:
         apply_builtin_example(args)
         sys.stderr.write(f"[no PROMPT given: the built-in airspace example]\n{args.prompt}\n\n")
-    check_device(args.device)
+    directory, options = model_dir(args), load_options(args)  # checked before stdin is read
     prompt = read_prompt(args.prompt)
-    model, tokenizer = load(model_dir(args.model), args.device)
+    from clover.loading import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(directory, options)
     return generate_text(model, tokenizer, args, prompt)

@@ -2,7 +2,7 @@
 
 import argparse
 
-from clover.quantization import DEFAULT_GROUP_SIZE, quantize_checkpoint
+DEFAULT_GROUP_SIZE = 128  # clover.quantization.DEFAULT_GROUP_SIZE (that module imports torch)
 
 
 def register(subparsers) -> None:
@@ -19,6 +19,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from clover.quantization import quantize_checkpoint
+
     path = quantize_checkpoint(args.src, args.dst, args.bits, args.group_size, args.dtype, args.max_shard_size)
     print(f"wrote {path}: int{args.bits} weights, group size {args.group_size}")
     return 0

@@ -14,15 +14,14 @@ request (id, tokens, forwards, latency); metrics at /metrics (behind the API key
 import argparse
 import logging
 import os
-from pathlib import Path
 
-from .common import check_device, model_path
+from .model_options import add_model_arguments, load_options, model_dir
 
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    add_model_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("CLOVER_API_KEY"),
@@ -36,8 +35,6 @@ def register(sub) -> None:
     p.add_argument("--prefix-cache-mb", type=float, default=256.0,
                    help="memory for cached prompt prefixes, LRU (0 = off)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the engine (default: torch's)")
     p.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json (off by default)")
     p.add_argument("--shutdown-timeout", type=int, default=30,
@@ -53,18 +50,10 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
-def model_dir(path: str | None) -> Path:
-    if path is not None:
-        return Path(model_path(path, hub_ok=False))
-    import clover
-
-    return Path(clover.default_model_dir())
-
-
 def run(args: argparse.Namespace) -> int:
+    from clover.loading import load_model_and_tokenizer
     from clover.serving import EngineConfig, Runtime, SchedulerConfig, ServerConfig, create_app
     from clover.serving.http_server import ConnectionLimits, Server, server_config
-    from clover.serving.runtime import DTYPES, load_model_and_tokenizer
 
     for name in ("max_batch_size", "max_queue", "max_body_bytes", "port", "head_timeout", "body_timeout",
                  "keep_alive_timeout", "max_connections", "max_step_tokens"):
@@ -72,12 +61,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout={args.shutdown_timeout} must be >= 0")
-    if args.dtype not in DTYPES:
-        raise ValueError(f"--dtype {args.dtype!r} is not one of {sorted(DTYPES)}")
-    check_device(args.device)
-    directory = model_dir(args.model)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"no Clover checkpoint at {directory} (config.json missing)")
+    directory, options = model_dir(args, hub_ok=False), load_options(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.prefix_cache_mb < 0:
         raise ValueError(f"--prefix-cache-mb={args.prefix_cache_mb} must be >= 0 (0 turns the cache off)")
@@ -89,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                               args.shutdown_timeout)
 
     def load(metrics):
-        model, tokenizer = load_model_and_tokenizer(directory, args.dtype, args.device)
+        model, tokenizer = load_model_and_tokenizer(directory, options)
         return Runtime.from_objects(model, tokenizer, engine_config, metrics)
 
     server: Server | None = None

@@ -124,9 +124,18 @@ class CheckpointMixin:
         stored one). device_map: None / "cpu", "auto", a device, or a one-device dict. Other keyword
         arguments that name config fields override them (as in transformers). Raises
         FileNotFoundError (missing weights file or shard) or CheckpointError (missing tensor, wrong
-        shape) before any tensor data is read."""
+        shape) before any tensor data is read. `output_loading_info=True` returns `(model, info)` as
+        transformers does (`missing_keys`: block parameters left at their init values because their
+        bd_gdn_* file is absent; `unexpected_keys`: stored tensors no parameter reads).
+        `quantization_config` is refused (ValueError): quantization is clover's own step after loading."""
         torch_dtype = kwargs.pop("torch_dtype", None)
         dtype = torch_dtype if dtype is None else dtype
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        if kwargs.get("quantization_config") is not None:
+            raise ValueError("from_pretrained(quantization_config=...) is not supported: Clover checkpoints "
+                             "load unquantized; quantize the loaded model with clover's own quantization "
+                             "(`--quantize`, `clover.loading.LoadOptions(quantize=...)`)")
+        kwargs.pop("quantization_config", None)
         root = _resolve_dir(pretrained_model_name_or_path, kwargs)
         if config is None:
             _check_model_type(root, cls.config_class.model_type)
@@ -145,12 +154,16 @@ class CheckpointMixin:
             quantize_modules(model, *spec)
         tied = tied_parameters(model)
         expected = {n: tuple(p.shape) for n, p in model.named_parameters() if n not in tied}
-        load_parameters(model, ckpt, plan_sources(ckpt, expected, tied), dtype, resolve_device(device_map))
+        plan = plan_sources(ckpt, expected, tied)
+        load_parameters(model, ckpt, plan, dtype, resolve_device(device_map))
         model.config.dtype = dtype
         model.config._name_or_path = str(pretrained_model_name_or_path)
         if (root / GENERATION_CONFIG_FILE).is_file():
             model.generation_config = read_generation_config(root, getattr(cls, "generation_config_class",
                                                                            GenerationConfig))
+        if output_loading_info:  # transformers' shape; a missing tensor raises instead of being listed
+            return model.eval(), {"missing_keys": list(plan.defaults), "unexpected_keys": list(plan.unused),
+                                  "mismatched_keys": [], "error_msgs": []}
         return model.eval()
 
     def save_pretrained(self, save_directory: str | os.PathLike, max_shard_size: int | str = "5GB",

@@ -53,13 +53,14 @@ def test_chat_show_denoising_plain_lines(checkpoint, capsys):
 def test_show_denoising_on_a_terminal_redraws_in_place(checkpoint):
     from argparse import Namespace
 
-    from clover.cli.generate import generate_text, load
+    from clover.cli.generate import generate_text
+    from clover.loading import LoadOptions, load_model_and_tokenizer
 
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
-    model, tokenizer = load(checkpoint, "cpu")
+    model, tokenizer = load_model_and_tokenizer(checkpoint, LoadOptions(device="cpu"))
     args = Namespace(chat=False, system=None, thinking=None, block_size=4, threshold=0.9, max_new_tokens=8,
                      temperature=None, top_p=None, top_k=None, seed=None, show_denoising=True, ar=False,
                      self_spec=False)
