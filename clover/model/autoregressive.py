@@ -18,7 +18,8 @@ def next_token(logits: torch.Tensor, batch: DecodeBatch, position: int, cfg, pro
     logits[..., mask_id] = float("-inf")
     positions = torch.tensor([position], device=logits.device)
     think_open = None if batch.think_open is None else batch.think_open[:, None]
-    logits = apply_processors(processors, logits, ControlContext(batch.counts, positions, think_open, position))
+    logits = apply_processors(processors, logits, ControlContext(batch.counts, positions, think_open, position,
+                                                                  rows=batch.rows))
     tokens, _ = predict_with_confidence(logits, cfg.do_sample, cfg.temperature, cfg.top_k, cfg.top_p,
                                         generator)
     return tokens

@@ -47,7 +47,8 @@ def control_context(batch: DecodeBatch, block: torch.Tensor, masked: torch.Tenso
     if batch.think_open is not None:
         markers = think_markers(block, filled, cfg.think_start_token_id, cfg.think_end_token_id)
         think_open = slot_think_open(markers, batch.think_open)[:, columns]
-    return ControlContext(counts, start + columns, think_open, start + block.shape[1] - 1)
+    return ControlContext(counts, start + columns, think_open, start + block.shape[1] - 1,
+                          rows=batch.rows)
 
 
 def denoise_columns(block: torch.Tensor, limit: int, mask_id: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ class ControlContext:
     positions: torch.Tensor  # [L] response position n (0-based) of each slot, shared by all rows; or [N, L]
     think_open: torch.Tensor | None = None  # [N, L] bool: thinking open before the slot
     last_position: int | None = None  # host copy of max(positions), when known: skips zero ramps
+    rows: list[int] | None = None  # original batch row of each of the N rows (user processors)
 
 
 def ramp_is_zero(ctx: "ControlContext", start: int, window: int) -> bool:
@@ -95,6 +96,20 @@ class ThinkEndBias:
         return logits
 
 
+class MinNewTokens:
+    """EOS cannot be chosen at response positions before `minimum` (transformers' min_new_tokens)."""
+
+    def __init__(self, minimum: int, eos_ids: tuple[int, ...]):
+        self.minimum, self.eos_ids = minimum, list(eos_ids)
+
+    def __call__(self, logits, ctx):
+        early = (ctx.positions < self.minimum).to(logits.device)  # [L] shared by the rows, or [N, L]
+        early = early[None, :, None] if early.dim() == 1 else early[:, :, None]  # [1 or N, L, 1]
+        logits = logits.clone()
+        logits[:, :, self.eos_ids] = logits[:, :, self.eos_ids].masked_fill(early, float("-inf"))
+        return logits
+
+
 def make_logits_processors(cfg) -> list:
     """The active controls of a `DecodeConfig`, in SPEC order; controls at their neutral value are
     left out, and the think-end bias needs both think token ids."""
@@ -109,6 +124,8 @@ def make_logits_processors(cfg) -> list:
     if cfg.dllm_think_end_bias and uses_think(cfg):
         processors.append(ThinkEndBias(cfg.dllm_think_end_bias, cfg.dllm_think_end_start,
                                        cfg.dllm_think_end_window, cfg.think_end_token_id))
+    if cfg.min_new_tokens and cfg.eos_token_id:
+        processors.append(MinNewTokens(cfg.min_new_tokens, cfg.eos_token_id))
     return processors
 
 

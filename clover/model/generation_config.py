@@ -25,6 +25,7 @@ class DecodeConfig:
     """All settings of one `generate` call, resolved. Token-id fields may be `None` (absent)."""
 
     max_new_tokens: int = 24576
+    min_new_tokens: int = 0  # EOS is impossible before this response position
     block_size: int = 32
     threshold: float = 0.95
     do_sample: bool = False
@@ -138,6 +139,8 @@ def validate_settings(cfg: DecodeConfig, vocab_size: int) -> None:
         _refuse("threshold", cfg.threshold, "must be in (0, 1]")
     if cfg.max_new_tokens <= 0:
         _refuse("max_new_tokens", cfg.max_new_tokens, "must be a positive integer")
+    if not 0 <= cfg.min_new_tokens <= cfg.max_new_tokens:
+        _refuse("min_new_tokens", cfg.min_new_tokens, f"must be in [0, max_new_tokens={cfg.max_new_tokens}]")
     if cfg.do_sample and cfg.temperature <= 0:
         _refuse("temperature", cfg.temperature, "must be > 0 when do_sample=True (use do_sample=False)")
     if cfg.top_k < 0:

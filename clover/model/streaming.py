@@ -6,7 +6,7 @@ block of its response is final), and one closing `DoneEvent` carrying the `Gener
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,7 @@ class Request:
     cfg: DecodeConfig
     input_ids: torch.Tensor  # [N, T] on the model's device, left-padded
     attention_mask: torch.Tensor  # [N, T]
+    logits_processors: list = field(default_factory=list)  # after the controls: `(logits, ctx) -> logits`
 
 
 def prepare_request(model, input_ids, attention_mask=None, generation_config=None, **kwargs) -> Request:
@@ -54,12 +55,15 @@ def make_generator(model, seed: int | None, generator: torch.Generator | None):
 
 def stream_generate(model, input_ids, attention_mask=None, *, seed: int | None = None,
                     generator: torch.Generator | None = None, generation_config=None,
-                    **kwargs) -> Iterator:
+                    logits_processor: list | None = None, **kwargs) -> Iterator:
     """Decode `input_ids` [N, T] (left-padded; `attention_mask` 0 on padding) and yield events.
     Keyword settings are the `DecodeConfig` fields (`mode="ar"` for autoregressive
     decoding, `mode="self_spec"` for self-speculative decoding).
-    Sampling uses `generator` (on the model's device), else a fresh one seeded with `seed`."""
+    Sampling uses `generator` (on the model's device), else a fresh one seeded with `seed`.
+    `logits_processor`: callables `(logits [N, L, V], ctx: ControlContext) -> logits` applied after
+    the built-in controls."""
     request = prepare_request(model, input_ids, attention_mask, generation_config, **kwargs)
+    request.logits_processors = list(logits_processor or [])
     return run_decoder(model, request, make_generator(model, seed, generator))
 
 
@@ -67,5 +71,5 @@ def stream_generate(model, input_ids, attention_mask=None, *, seed: int | None =
 def run_decoder(model, request: Request, generator) -> Iterator:
     cfg = request.cfg
     steps = {"ar": autoregressive_steps, "self_spec": self_speculative_steps}.get(cfg.mode, block_diffusion_steps)
-    yield from steps(model, request.input_ids, request.attention_mask, cfg, make_logits_processors(cfg),
-                     generator)
+    processors = make_logits_processors(cfg) + request.logits_processors
+    yield from steps(model, request.input_ids, request.attention_mask, cfg, processors, generator)
