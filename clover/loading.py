@@ -50,12 +50,25 @@ def pick_dtype(dtype: str, device):
     return torch_dtype(dtype)
 
 
+GROUP_SIZES = (128, 64, 32, 16)  # tried in turn by --quantize: the largest that divides every width
+
+
 def quantize(model, scheme: str):
-    """Quantize the loaded model's weights in place with `clover.quantization` ("int8" / "int4",
-    default group size); a checkpoint that is already quantized is refused (ValueError)."""
+    """Quantize the loaded model's weights in place with `clover.quantization` ("int8" / "int4") at
+    the largest group size of `GROUP_SIZES` that divides every quantized width (small models have
+    widths that 128 does not divide); return it. An already quantized model is refused (ValueError)."""
+    from clover.model.quantized import check_quantizable
     from clover.quantization import parse_quantize, quantize_model
 
-    return quantize_model(model, parse_quantize(scheme))
+    bits = parse_quantize(scheme)
+    for group_size in GROUP_SIZES:
+        try:
+            check_quantizable(model, bits, group_size)
+        except ValueError:
+            continue
+        log.info("quantizing to %s with group size %d", scheme, group_size)
+        return quantize_model(model, bits, group_size)
+    return quantize_model(model, bits, GROUP_SIZES[0])  # raises, naming the first weight 128 does not divide
 
 
 def load_model(path: str | Path, options: LoadOptions = LoadOptions()):
