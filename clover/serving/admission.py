@@ -30,12 +30,18 @@ def check_model(name: str, config: ServerConfig) -> None:
         raise model_not_found(name, config.served_model_name)
 
 
-def refuse_unsupported(req: SamplingFields) -> None:
-    if req.n != 1:
-        raise bad_request(f"n={req.n} is not supported: this server returns exactly one choice per "
-                          "request (n=1); send several requests instead", "n")
-    if req.logprobs:
-        raise bad_request("logprobs are not supported by this server", "logprobs")
+MAX_CHOICES = 64  # n: choices decoded for one request (each is an engine request of its own)
+
+
+def refuse_unsupported(req: SamplingFields, top_logprobs: int | None) -> None:
+    if req.n > MAX_CHOICES:
+        raise bad_request(f"n={req.n} is more than this server's {MAX_CHOICES} choices per request", "n")
+    if req.stream and req.n != 1:
+        raise bad_request(f"n={req.n} with stream=true is not supported (stream one choice, or leave "
+                          "stream off for several)", "n")
+    if req.stream and top_logprobs is not None:
+        raise bad_request("logprobs with stream=true are not supported; leave stream off to get them",
+                          "logprobs")
 
 
 def _overrides(req: SamplingFields, max_tokens: int | None) -> dict:
@@ -47,9 +53,11 @@ def _overrides(req: SamplingFields, max_tokens: int | None) -> dict:
 
 
 def submit(runtime: Runtime, req: SamplingFields, prompt: Prompt, max_tokens: int | None,
-           prefix: str) -> tuple[RequestStream, EngineRequest]:
-    """Resolve settings, check the prompt against the model, and queue the request."""
-    refuse_unsupported(req)
+           prefix: str, top_logprobs: int | None = None) -> list[tuple[RequestStream, EngineRequest]]:
+    """Resolve settings, check the prompt against the model, and queue one engine request per
+    choice (`n`; choice i samples with seed + i when a seed is given). `top_logprobs`: None, or
+    the alternatives reported with each token's logprob."""
+    refuse_unsupported(req, top_logprobs)
     try:
         cfg = request_config(runtime.defaults, _overrides(req, max_tokens), runtime.vocab_size)
         if max_tokens is None:  # fill the context up to the checkpoint's default budget
@@ -63,9 +71,15 @@ def submit(runtime: Runtime, req: SamplingFields, prompt: Prompt, max_tokens: in
     except ValueError as e:
         code = "context_length_exceeded" if "context" in str(e) else None
         raise bad_request(str(e), "messages" if code else None, code) from None
-    request = EngineRequest(new_id(prefix), prompt.ids, cfg, req.seed)
-    try:
-        return runtime.async_engine.generate(request), request
-    except QueueFullError as e:
-        raise queue_full(str(e)) from None
+    first_id, queued = new_id(prefix), []
+    for i in range(req.n):
+        seed = None if req.seed is None else req.seed + i
+        request = EngineRequest(first_id if i == 0 else f"{first_id}-{i}", prompt.ids, cfg, seed, top_logprobs)
+        try:
+            queued.append((runtime.async_engine.generate(request), request))
+        except QueueFullError as e:
+            for stream, _ in queued:
+                stream.abort()
+            raise queue_full(str(e)) from None
+    return queued
 

@@ -1,5 +1,7 @@
-"""`POST /v1/chat/completions`: one response, or an SSE stream with a chunk per committed block."""
+"""`POST /v1/chat/completions`: one response (`n` choices, optional logprobs), or an SSE stream with a
+chunk per committed block."""
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 from fastapi import Request
@@ -8,7 +10,9 @@ from starlette.concurrency import run_in_threadpool
 
 from .admission import ServerConfig, check_model, submit
 from .async_engine import RequestStream
+from .errors import bad_request
 from .lifecycle import RequestRecord, event_stream, final_output, usage
+from .logprobs import MAX_TOP_LOGPROBS, chat_logprobs
 from .output import ChatParts, ChatView, ResponseText
 from .prompts import Prompt, chat_prompt
 from .runtime import Runtime
@@ -21,25 +25,59 @@ def _finish_reason(parts: ChatParts, engine_reason: str) -> str:
     return "tool_calls" if parts.tool_calls else engine_reason
 
 
+def _top_logprobs(req: ChatCompletionRequest) -> int | None:
+    """None (no logprobs), else the alternatives per token (`top_logprobs`, 0 when absent)."""
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS["chat"]:
+        raise bad_request(f"top_logprobs={req.top_logprobs} must be between 0 and {MAX_TOP_LOGPROBS['chat']}",
+                          "top_logprobs")
+    if not isinstance(req.logprobs, (bool, type(None))):
+        raise bad_request(f"logprobs={req.logprobs!r} must be true or false for chat completions", "logprobs")
+    if not req.logprobs:
+        if req.top_logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        return None
+    return req.top_logprobs or 0
+
+
 async def create_chat_completion(raw: Request, req: ChatCompletionRequest, rt: Runtime, cfg: ServerConfig):
     check_model(req.model, cfg)
+    top = _top_logprobs(req)
     prompt = await run_in_threadpool(chat_prompt, rt.tokenizer, req, rt.max_model_len)  # off the loop
-    stream, request = submit(rt, req, prompt, req.max_completion_tokens or req.max_tokens, "chatcmpl")
-    record = RequestRecord(rt.engine.metrics, "chat", request.request_id, len(prompt.ids))
-    text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())
-    view = ChatView(prompt.think_opened, prompt.parse_tools)
+    queued = submit(rt, req, prompt, req.max_completion_tokens or req.max_tokens, "chatcmpl", top)
     if req.stream:
+        stream, request = queued[0]
+        record = RequestRecord(rt.engine.metrics, "chat", request.request_id, len(prompt.ids))
+        text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())
+        view = ChatView(prompt.think_opened, prompt.parse_tools)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         events = chat_events(stream, prompt, text, view, record, req.model, include_usage)
         return StreamingResponse(events, media_type="text/event-stream")
-    last = await final_output(raw, stream, text, record)
+    texts = [ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list()) for _, request in queued]
+    try:
+        lasts = await asyncio.gather(*(
+            final_output(raw, stream, text, RequestRecord(rt.engine.metrics, "chat", request.request_id,
+                                                          len(prompt.ids)))
+            for (stream, request), text in zip(queued, texts)))
+    finally:
+        for stream, _ in queued:  # one choice failing ends the others
+            stream.abort()
+    choices = [_choice(i, prompt, text, last, rt.tokenizer, top) for i, (text, last) in enumerate(zip(texts, lasts))]
+    return ChatCompletion(id=queued[0][1].request_id, model=req.model, choices=choices,
+                          usage=usage(prompt, *texts))
+
+
+def _choice(index: int, prompt: Prompt, text: ResponseText, last: RequestOutput, tokenizer,
+            top: int | None) -> ChatChoice:
+    view = ChatView(prompt.think_opened, prompt.parse_tools)
     parts = view.parts(prompt.forced_prefix + text.text, final=True)
     message = AssistantMessage(content=parts.content if parts.content.strip() else None,
                                reasoning_content=parts.reasoning, tool_calls=parts.tool_calls or None)
     if message.content is None and not parts.tool_calls and parts.reasoning is None:
         message.content = parts.content
-    choice = ChatChoice(message=message, finish_reason=_finish_reason(parts, last.finish_reason))
-    return ChatCompletion(id=request.request_id, model=req.model, choices=[choice], usage=usage(prompt, text))
+    logprobs = None if top is None else chat_logprobs(tokenizer, text.token_ids, text.logprobs, text.eos_ids,
+                                                      text.text, top)
+    return ChatChoice(index=index, message=message, finish_reason=_finish_reason(parts, last.finish_reason),
+                      logprobs=logprobs)
 
 
 def _chunk(request_id: str, model: str, delta: ChatDelta, finish_reason: str | None = None) -> dict:

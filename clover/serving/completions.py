@@ -1,5 +1,6 @@
 """`POST /v1/completions`: raw-prompt text completion, one response or an SSE stream."""
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 from fastapi import Request
@@ -10,6 +11,7 @@ from .admission import ServerConfig, check_model, submit
 from .async_engine import RequestStream
 from .errors import bad_request
 from .lifecycle import RequestRecord, event_stream, final_output, usage
+from .logprobs import MAX_TOP_LOGPROBS, completion_logprobs
 from .output import ResponseText
 from .prompts import Prompt, completion_prompt
 from .runtime import Runtime
@@ -23,18 +25,43 @@ async def create_completion(raw: Request, req: CompletionRequest, rt: Runtime, c
         raise bad_request("suffix is not supported by this server", "suffix")
     if req.best_of not in (None, 1):
         raise bad_request(f"best_of={req.best_of} is not supported (only 1)", "best_of")
+    top = _top_logprobs(req)
     prompt = await run_in_threadpool(completion_prompt, rt.tokenizer, req, rt.max_model_len)  # off the loop
-    stream, request = submit(rt, req, prompt, req.max_tokens, "cmpl")
-    record = RequestRecord(rt.engine.metrics, "completions", request.request_id, len(prompt.ids))
-    text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())
+    queued = submit(rt, req, prompt, req.max_tokens, "cmpl", top)
     echo = prompt.text if req.echo else ""
     if req.stream:
+        stream, request = queued[0]
+        record = RequestRecord(rt.engine.metrics, "completions", request.request_id, len(prompt.ids))
+        text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(completion_events(stream, prompt, text, record, req.model, include_usage, echo),
                                  media_type="text/event-stream")
-    last = await final_output(raw, stream, text, record)
-    choice = CompletionChoice(text=echo + text.text, finish_reason=last.finish_reason)
-    return Completion(id=request.request_id, model=req.model, choices=[choice], usage=usage(prompt, text))
+    texts = [ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list()) for _, request in queued]
+    try:
+        lasts = await asyncio.gather(*(
+            final_output(raw, stream, text, RequestRecord(rt.engine.metrics, "completions", request.request_id,
+                                                          len(prompt.ids)))
+            for (stream, request), text in zip(queued, texts)))
+    finally:
+        for stream, _ in queued:  # one choice failing ends the others
+            stream.abort()
+    choices = []
+    for i, (text, last) in enumerate(zip(texts, lasts)):
+        logprobs = None if top is None else completion_logprobs(rt.tokenizer, text.token_ids, text.logprobs,
+                                                                text.eos_ids, text.text, top, len(echo))
+        choices.append(CompletionChoice(index=i, text=echo + text.text, finish_reason=last.finish_reason,
+                                        logprobs=logprobs))
+    return Completion(id=queued[0][1].request_id, model=req.model, choices=choices, usage=usage(prompt, *texts))
+
+
+def _top_logprobs(req: CompletionRequest) -> int | None:
+    """None (no logprobs), else the alternatives per token: `logprobs` is their count (0 to 5)."""
+    if req.logprobs is None or req.logprobs is False:
+        return None
+    if isinstance(req.logprobs, bool) or not 0 <= req.logprobs <= MAX_TOP_LOGPROBS["completions"]:
+        raise bad_request(f"logprobs={req.logprobs!r} must be an integer between 0 and "
+                          f"{MAX_TOP_LOGPROBS['completions']} for completions", "logprobs")
+    return req.logprobs
 
 
 def _chunk(request_id: str, model: str, text: str, finish_reason: str | None = None) -> dict:

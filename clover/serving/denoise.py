@@ -23,6 +23,22 @@ class BlockResult:
     finish_reason: str | None  # "stop" (EOS), "length", or None to go on
 
 
+# A committed token's log-probability and its `top` alternatives [(token id, logprob), ...], taken
+# from the step that filled it (the processed distribution its confidence was read from).
+TokenLogprob = tuple[float, list[tuple[int, float]]]
+
+
+class LastLogits:
+    """A logits processor placed after all others: keeps the processed logits [1, B, V] it sees."""
+
+    def __init__(self):
+        self.logits: torch.Tensor | None = None
+
+    def __call__(self, logits, ctx):
+        self.logits = logits
+        return logits
+
+
 @dataclass
 class RowDecoder:
     cfg: DecodeConfig
@@ -30,20 +46,48 @@ class RowDecoder:
     history: DecodeBatch  # counts / thinking state of the committed response (its cache is unused)
     eos: torch.Tensor  # [E]
     mask_token_id: int
+    top_logprobs: int | None = None  # None: no logprobs; else alternatives reported per token
+    recorder: LastLogits | None = None
+    block_logprobs: dict[int, TokenLogprob] | None = None  # block position -> its fill-time logprob
 
     @classmethod
-    def start(cls, model, prompt_ids: list[int], cfg: DecodeConfig) -> "RowDecoder":
+    def start(cls, model, prompt_ids: list[int], cfg: DecodeConfig,
+              top_logprobs: int | None = None) -> "RowDecoder":
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
         history = start_batch(model, ids, torch.ones_like(ids), cfg)
         eos = torch.tensor(cfg.eos_token_id, dtype=torch.long, device=model.device)
-        return cls(cfg, make_logits_processors(cfg), history, eos, model.config.mask_token_id)
+        processors, recorder = make_logits_processors(cfg), None
+        if top_logprobs is not None:
+            recorder = LastLogits()
+            processors = processors + [recorder]
+        return cls(cfg, processors, history, eos, model.config.mask_token_id, top_logprobs, recorder, {})
 
     def step(self, logits: torch.Tensor, block: torch.Tensor, start: int, limit: int,
              generator: torch.Generator | None) -> torch.Tensor:
         """logits [B, V], block [B] -> the block after one denoising step (positions < limit)."""
-        new, _ = denoise_step(logits[None], block[None], self.history, start, limit, self.cfg,
-                              self.processors, self.mask_token_id, generator)
+        new, filled = denoise_step(logits[None], block[None], self.history, start, limit, self.cfg,
+                                   self.processors, self.mask_token_id, generator)
+        if self.recorder is not None:
+            self._record(new[0], filled[0])
         return new[0]
+
+    def _record(self, block: torch.Tensor, filled: torch.Tensor) -> None:
+        """Log-probabilities of the tokens this step filled, under the step's processed logits."""
+        positions = filled.nonzero().flatten()  # [F]
+        logprobs = self.recorder.logits[0, positions].float().log_softmax(-1)  # [F, V]
+        chosen = logprobs.gather(-1, block[positions][:, None]).squeeze(-1)  # [F]
+        k = min(self.top_logprobs, logprobs.shape[-1])
+        top_values, top_ids = logprobs.topk(k, dim=-1)  # [F, k]
+        for p, lp, ids, values in zip(positions.tolist(), chosen.tolist(), top_ids.tolist(), top_values.tolist()):
+            self.block_logprobs[p] = (lp, list(zip(ids, values)))
+
+    def take_logprobs(self, length: int) -> list[TokenLogprob] | None:
+        """The logprobs of the block's first `length` tokens (the committed ones); resets the block."""
+        if self.recorder is None:
+            return None
+        taken = [self.block_logprobs[p] for p in range(length)]
+        self.block_logprobs = {}
+        return taken
 
     def status(self, block: torch.Tensor, limit: int) -> BlockResult:
         s = block_status(block[None], limit, self.mask_token_id, self.eos)

@@ -149,7 +149,8 @@ class Engine:
     def _start(self, seq: Sequence) -> None:
         seq.admitted_at = time.perf_counter()
         self.metrics.queue_time.observe(seq.admitted_at - seq.request.arrival)
-        seq.decoder = RowDecoder.start(self.model, seq.request.prompt_ids, seq.params)
+        seq.decoder = RowDecoder.start(self.model, seq.request.prompt_ids, seq.params,
+                                          seq.request.top_logprobs)
         hit = self.prefix_cache.lookup(seq.request.prompt_ids)
         seq.cache, seq.prefilled = hit.cache, hit.length
         self.metrics.prefix_hit_tokens.inc(hit.length)
@@ -219,6 +220,7 @@ class Engine:
         if result.tokens is None:
             return
         tokens, reason = result.tokens, result.finish_reason
+        logprobs = seq.decoder.take_logprobs(len(tokens))
         seq.generated += tokens
         self.metrics.generation_tokens.inc(len(tokens))
         if seq.first_block_at is None:
@@ -227,25 +229,27 @@ class Engine:
         if reason is None and seq.remaining <= 0:
             reason = "length"
         if reason is not None:
-            self._finish(seq, reason, tokens)
+            self._finish(seq, reason, tokens, logprobs=logprobs)
             return
         seq.decoder.commit(seq.block)
         seq.pending, seq.phase = tokens, Phase.COMMIT
         seq.new_block(self.device)
-        self._report(seq, tokens)
+        self._report(seq, tokens, logprobs=logprobs)
 
-    def _finish(self, seq: Sequence, reason: str, tokens: list[int] | None = None, error: str | None = None):
+    def _finish(self, seq: Sequence, reason: str, tokens: list[int] | None = None, error: str | None = None,
+                logprobs: list | None = None):
         if seq.cache is not None:  # no stacked copy may outlive the request
             self._denoise_memo = {b: v for b, v in self._denoise_memo.items()
                                   if not any(c is seq.cache for c in v[0])}
         self.scheduler.finish(seq)
         if seq.num_forwards:
             self.metrics.tokens_per_forward.observe(len(seq.generated) / seq.num_forwards)
-        self._report(seq, tokens or [], reason, error)
+        self._report(seq, tokens or [], reason, error, logprobs)
 
-    def _report(self, seq: Sequence, tokens: list[int], reason: str | None = None, error: str | None = None):
+    def _report(self, seq: Sequence, tokens: list[int], reason: str | None = None, error: str | None = None,
+                logprobs: list | None = None):
         try:
-            seq.report(tokens, reason, error)
+            seq.report(tokens, reason, error, logprobs)
         except Exception:  # noqa: BLE001 - a broken consumer only loses its own request
             log.exception("could not deliver output of %s; aborting it", seq.request_id)
             if reason is None:

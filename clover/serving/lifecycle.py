@@ -27,8 +27,9 @@ def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def usage(prompt: Prompt, text: ResponseText) -> Usage:
-    n = len(text.token_ids)
+def usage(prompt: Prompt, *texts: ResponseText) -> Usage:
+    """Prompt tokens once; completion tokens summed over the choices."""
+    n = sum(len(text.token_ids) for text in texts)
     return Usage(prompt_tokens=len(prompt.ids), completion_tokens=n, total_tokens=len(prompt.ids) + n)
 
 
@@ -36,7 +37,7 @@ async def outputs(stream: RequestStream, text: ResponseText) -> AsyncIterator[Re
     """Engine outputs with their tokens folded into `text`; ends at the last one, or at a stop
     string (then the engine request is aborted and the output marked finished with "stop")."""
     async for out in stream:
-        text.add(out.new_token_ids, final=out.finished)
+        text.add(out.new_token_ids, final=out.finished, logprobs=out.new_logprobs)
         if text.stopped and not out.finished:
             stream.abort()
             out.finish_reason = "stop"

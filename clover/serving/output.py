@@ -17,15 +17,17 @@ class ResponseText:
     def __init__(self, tokenizer, eos_ids: tuple[int, ...], stops: list[str]):
         self.tokenizer, self.eos_ids, self.stops = tokenizer, set(eos_ids), stops
         self.token_ids: list[int] = []
+        self.logprobs: list = []  # per token: (logprob, [(id, logprob), ...]) when the request asked
         self.text = ""
         self.stopped = False  # a stop string was found; `text` ends before it
 
-    def add(self, token_ids: list[int], final: bool = False) -> None:
-        """Append committed tokens; `final` when no more will come (a trailing partial character
-        then is what it is, and may complete a stop string)."""
+    def add(self, token_ids: list[int], final: bool = False, logprobs: list | None = None) -> None:
+        """Append committed tokens (and their logprobs, if reported); `final` when no more will come
+        (a trailing partial character then is what it is, and may complete a stop string)."""
         if self.stopped or (not token_ids and not final):
             return
         self.token_ids += token_ids
+        self.logprobs += logprobs or []
         text = self.tokenizer.decode([t for t in self.token_ids if t not in self.eos_ids],
                                      skip_special_tokens=False)
         searchable = text if final else text.rstrip("\ufffd")

@@ -1,7 +1,7 @@
 """OpenAI-compatible request and response bodies (the subset Clover serves, plus its extensions).
 
 Unknown request fields are ignored, as OpenAI-compatible servers do; fields Clover cannot honour
-(`n > 1`, `logprobs`, image content parts, a `response_format` other than text, ...) are refused
+(streamed `n > 1` or `logprobs`, image content parts, a `response_format` other than text, ...) are refused
 with a 400 naming them. Types are strict, as OpenAI's: `max_tokens: "5"` or `true` is refused, not
 coerced; NaN and infinities are refused; a string holding a lone UTF-16 surrogate is refused.
 """
@@ -185,11 +185,32 @@ class AssistantMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class _CompletionObject(BaseModel):
@@ -239,7 +260,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(_CompletionObject):

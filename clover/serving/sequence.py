@@ -39,6 +39,7 @@ class EngineRequest:
     prompt_ids: list[int]
     params: DecodeConfig
     seed: int | None = None
+    top_logprobs: int | None = None  # report each token's logprob and this many alternatives (None: off)
     arrival: float = field(default_factory=time.perf_counter)
 
 
@@ -53,6 +54,7 @@ class RequestOutput:
     num_forwards: int
     finish_reason: str | None = None
     error: str | None = None
+    new_logprobs: list | None = None  # per new token: (logprob, [(id, logprob), ...]) when asked for
 
     @property
     def finished(self) -> bool:
@@ -133,6 +135,7 @@ class Sequence:
     def new_block(self, device) -> None:
         self.block = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=device)
 
-    def report(self, new_tokens: list[int], finish_reason: str | None = None, error: str | None = None):
+    def report(self, new_tokens: list[int], finish_reason: str | None = None, error: str | None = None,
+               logprobs: list | None = None):
         self.sink(RequestOutput(self.request_id, new_tokens, len(self.generated), self.num_forwards,
-                                finish_reason, error))
+                                finish_reason, error, logprobs))

@@ -97,8 +97,12 @@ def test_unknown_model(server):
     ({"block_size": 3}, "block_size"),
     ({"threshold": 0.0}, "threshold"),
     ({"threshold": 1.5}, "threshold"),
-    ({"n": 2}, "n"),
-    ({"logprobs": True}, "logprobs"),
+    ({"n": 2, "stream": True}, "n"),
+    ({"n": 65}, "n"),
+    ({"logprobs": True, "stream": True}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": 3}, "logprobs"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, None),
     ({"tool_choice": "required"}, "tool_choice"),
@@ -112,9 +116,9 @@ def test_bad_parameters(server, override, param):
         assert body["error"]["param"].startswith(param)
 
 
-def test_n_greater_than_one_is_refused_clearly(server):
+def test_streamed_n_greater_than_one_is_refused_clearly(server):
     with pytest.raises(openai.BadRequestError) as e:
-        client_for(server).chat.completions.create(**chat_body(), n=3)
+        client_for(server).chat.completions.create(**chat_body(), n=3, stream=True)
     assert "n=3" in e.value.message and "not supported" in e.value.message
 
 
