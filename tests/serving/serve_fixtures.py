@@ -171,3 +171,19 @@ class GatedModel(ScriptedModel):
     def forward(self, *args, **kwargs):
         self.gate.wait(timeout=60)
         return super().forward(*args, **kwargs)
+
+
+def serve_scripted(tok, config, respond=scripted_answer) -> ServerThread:
+    """A started server (uvicorn thread) for a `ScriptedModel` answering `respond(prompt)`, under
+    `config` (a `ServerConfig`), ready to answer; `srv.app` is its app. Stop it with `srv.stop()`."""
+    import openai
+
+    from clover.serving import EngineConfig, Runtime, create_app
+
+    model = ScriptedModel(tok, respond)
+    app = create_app(config, lambda metrics: Runtime.from_objects(model, tok, EngineConfig(num_threads=1), metrics))
+    srv = ServerThread(app).start()
+    wait_ready(openai.OpenAI(api_key=config.api_key or "none", base_url=srv.base_url + "/v1", max_retries=0,
+                             timeout=60))
+    srv.app = app
+    return srv

@@ -11,7 +11,8 @@ import openai
 import pytest
 
 from clover.serving import EngineConfig, Runtime, SchedulerConfig, ServerConfig, create_app
-from serve_fixtures import GatedModel, ScriptedModel, ServerThread, make_tokenizer, scripted_answer, wait_ready
+from serve_fixtures import (GatedModel, ScriptedModel, ServerThread, make_tokenizer, scripted_answer,
+                            serve_scripted, wait_ready)
 
 MODEL = "scripted"
 KEY = "sk-test-key"
@@ -25,11 +26,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def server(tok):
-    model = ScriptedModel(tok, scripted_answer)
-    app = create_app(ServerConfig(served_model_name=MODEL, api_key=KEY, max_body_bytes=LIMIT),
-                     lambda metrics: Runtime.from_objects(model, tok, EngineConfig(num_threads=1), metrics))
-    srv = ServerThread(app).start()
-    wait_ready(client_for(srv))
+    srv = serve_scripted(tok, ServerConfig(served_model_name=MODEL, api_key=KEY, max_body_bytes=LIMIT))
     yield srv
     srv.stop()
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from clover.serving import EngineConfig, Runtime, ServerConfig, create_app
-from serve_fixtures import ScriptedModel, ServerThread, make_tokenizer, scripted_answer, wait_ready
+from clover.serving import ServerConfig
+from serve_fixtures import make_tokenizer, serve_scripted
 from test_serving_errors import KEY, MODEL, assert_error_shape, chat_body, client_for, raw
 
 EXAMPLES = 120
@@ -95,13 +95,7 @@ def bodies(fields: dict, required: str):
 
 @pytest.fixture(scope="module")
 def server():
-    tok = make_tokenizer()
-    model = ScriptedModel(tok, scripted_answer)
-    app = create_app(ServerConfig(served_model_name=MODEL, api_key=KEY),
-                     lambda metrics: Runtime.from_objects(model, tok, EngineConfig(num_threads=1), metrics))
-    srv = ServerThread(app).start()
-    wait_ready(client_for(srv))
-    srv.app = app
+    srv = serve_scripted(make_tokenizer(), ServerConfig(served_model_name=MODEL, api_key=KEY))
     yield srv
     srv.stop()
 

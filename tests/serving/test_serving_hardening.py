@@ -1,7 +1,6 @@
 """Bad input gets a clear 400 (never a 500), nothing the client sends runs on the server, and slow
 or idle clients cannot hold the server: each case of issue 11, on a scripted model."""
 
-import http.client
 import json
 import socket
 import threading
@@ -13,7 +12,7 @@ from clover.serving import EngineConfig, Runtime, ServerConfig, create_app
 from clover.serving.http_server import ConnectionLimits
 from clover.serving.prompts import chat_prompt, completion_prompt, max_prompt_bytes
 from clover.serving.schemas import ChatCompletionRequest, CompletionRequest
-from serve_fixtures import ScriptedModel, ServerThread, make_tokenizer, scripted_answer, wait_ready
+from serve_fixtures import ScriptedModel, ServerThread, make_tokenizer, scripted_answer, serve_scripted, wait_ready
 from test_serving_errors import KEY, MODEL, assert_error_shape, chat_body, client_for, raw
 
 BODY_LIMIT = 1024 * 1024
@@ -26,12 +25,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def server(tok):
-    model = ScriptedModel(tok, scripted_answer)
-    app = create_app(ServerConfig(served_model_name=MODEL, api_key=KEY, max_body_bytes=BODY_LIMIT),
-                     lambda metrics: Runtime.from_objects(model, tok, EngineConfig(num_threads=1), metrics))
-    srv = ServerThread(app).start()
-    wait_ready(client_for(srv))
-    srv.app = app
+    srv = serve_scripted(tok, ServerConfig(served_model_name=MODEL, api_key=KEY, max_body_bytes=BODY_LIMIT))
     yield srv
     srv.stop()
 
