@@ -66,14 +66,21 @@ def distribute(loss_module: torch.nn.Module, model: torch.nn.Module, strategy: s
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer as a whole CPU tensor. Collective under FSDP: every rank calls
-    it, rank 0 gets the tensors, the others an empty dict."""
+    """Every parameter and buffer as a whole CPU tensor, a copy: training on does not change it.
+    Collective under FSDP: every rank calls it, rank 0 gets the tensors, the others an empty dict.
+
+    Under FSDP the shards are gathered into new tensors, but what FSDP left whole (the 0-dim
+    parameters, buffers) comes back as the live CPU tensor itself, so those are copied."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
 
     if not is_sharded(model):
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
-                                                                 broadcast_from_rank0=False))
+        return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                  broadcast_from_rank0=False))
+    live = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]
+            if not isinstance(t, DTensor)}
+    return {k: v.clone() if v.untyped_storage().data_ptr() in live else v for k, v in state.items()}
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:

@@ -20,10 +20,14 @@ info = init_distributed("cpu")
 
 
 def full_optimizer(trainer):
+    """The whole optimizer state, copied: the tensors FSDP left whole (AdamW step counts, the
+    0-dim parameters' moments) come back as the live ones, which the next steps would change."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from torch.utils._pytree import tree_map_only
 
-    return get_optimizer_state_dict(trainer.model, trainer.optimizer,
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_optimizer_state_dict(trainer.model, trainer.optimizer,
+                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return tree_map_only(torch.Tensor, torch.Tensor.clone, state)
 
 
 results = {}
