@@ -67,4 +67,8 @@ def test_peak_memory_stays_near_checkpoint_size(big_checkpoint, tmp_path):
     assert out["finite"] and out["shape"] == [1, 4, 36000]
     grew, anon = out["increase"] / 1e6, out["anon_increase"] / 1e6
     message = f"peak RSS grew {grew:.0f} MB (anonymous {anon:.0f} MB) for a {size / 1e6:.0f} MB checkpoint"
-    assert grew < 1.3 * size / 1e6, message
+    # The memory a load really costs is anonymous (the model's tensors): it must stay near one copy
+    # of the checkpoint. Total RSS also counts the mmapped file's pages, which are page cache
+    # (reclaimable, shared) and whose residency depends on what ran before: bounded more loosely.
+    assert anon < 1.3 * size / 1e6, message
+    assert grew < 2.0 * size / 1e6, message
