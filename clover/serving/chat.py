@@ -1,7 +1,6 @@
 """`POST /v1/chat/completions`: one response (`n` choices, optional logprobs), or an SSE stream with a
 chunk per committed block."""
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 from fastapi import Request
@@ -11,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from .admission import ServerConfig, check_model, submit
 from .async_engine import RequestStream
 from .errors import bad_request
-from .lifecycle import RequestRecord, event_stream, final_output, usage
+from .lifecycle import RequestRecord, event_stream, final_outputs, usage
 from .logprobs import MAX_TOP_LOGPROBS, chat_logprobs
 from .output import ChatParts, ChatView, ResponseText
 from .prompts import Prompt, chat_prompt
@@ -52,15 +51,8 @@ async def create_chat_completion(raw: Request, req: ChatCompletionRequest, rt: R
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         events = chat_events(stream, prompt, text, view, record, req.model, include_usage)
         return StreamingResponse(events, media_type="text/event-stream")
-    texts = [ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list()) for _, request in queued]
-    try:
-        lasts = await asyncio.gather(*(
-            final_output(raw, stream, text, RequestRecord(rt.engine.metrics, "chat", request.request_id,
-                                                          len(prompt.ids)))
-            for (stream, request), text in zip(queued, texts)))
-    finally:
-        for stream, _ in queued:  # one choice failing ends the others
-            stream.abort()
+    texts, lasts = await final_outputs(raw, queued, rt.tokenizer, req.stop_list(), "chat", rt.engine.metrics,
+                                       len(prompt.ids))
     choices = [_choice(i, prompt, text, last, rt.tokenizer, top) for i, (text, last) in enumerate(zip(texts, lasts))]
     return ChatCompletion(id=queued[0][1].request_id, model=req.model, choices=choices,
                           usage=usage(prompt, *texts))

@@ -1,6 +1,5 @@
 """`POST /v1/completions`: raw-prompt text completion, one response or an SSE stream."""
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 from fastapi import Request
@@ -10,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from .admission import ServerConfig, check_model, submit
 from .async_engine import RequestStream
 from .errors import bad_request
-from .lifecycle import RequestRecord, event_stream, final_output, usage
+from .lifecycle import RequestRecord, event_stream, final_outputs, usage
 from .logprobs import MAX_TOP_LOGPROBS, completion_logprobs
 from .output import ResponseText
 from .prompts import Prompt, completion_prompt
@@ -36,15 +35,8 @@ async def create_completion(raw: Request, req: CompletionRequest, rt: Runtime, c
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(completion_events(stream, prompt, text, record, req.model, include_usage, echo),
                                  media_type="text/event-stream")
-    texts = [ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list()) for _, request in queued]
-    try:
-        lasts = await asyncio.gather(*(
-            final_output(raw, stream, text, RequestRecord(rt.engine.metrics, "completions", request.request_id,
-                                                          len(prompt.ids)))
-            for (stream, request), text in zip(queued, texts)))
-    finally:
-        for stream, _ in queued:  # one choice failing ends the others
-            stream.abort()
+    texts, lasts = await final_outputs(raw, queued, rt.tokenizer, req.stop_list(), "completions", rt.engine.metrics,
+                                       len(prompt.ids))
     choices = []
     for i, (text, last) in enumerate(zip(texts, lasts)):
         logprobs = None if top is None else completion_logprobs(rt.tokenizer, text.token_ids, text.logprobs,

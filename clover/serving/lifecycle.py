@@ -109,6 +109,21 @@ async def final_output(raw: Request, stream: RequestStream, text: ResponseText,
     return last
 
 
+async def final_outputs(raw: Request, queued: list, tokenizer, stop: list[str], endpoint: str, metrics,
+                        prompt_tokens: int) -> tuple[list[ResponseText], list[RequestOutput]]:
+    """The texts and last outputs of the `queued` (stream, request) choices of one non-streamed
+    request, decoded together; one choice failing (or the client leaving) aborts them all."""
+    texts = [ResponseText(tokenizer, request.params.eos_token_id, stop) for _, request in queued]
+    try:
+        lasts = await asyncio.gather(*(
+            final_output(raw, stream, text, RequestRecord(metrics, endpoint, request.request_id, prompt_tokens))
+            for (stream, request), text in zip(queued, texts)))
+    finally:
+        for stream, _ in queued:
+            stream.abort()
+    return texts, list(lasts)
+
+
 async def event_stream(stream: RequestStream, text: ResponseText, record: RequestRecord,
                        opening: Callable[[], Iterable[dict]],
                        render: Callable[[RequestOutput], Iterable[dict]]) -> AsyncIterator[str]:
