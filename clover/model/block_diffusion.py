@@ -36,13 +36,11 @@ class BlockStatus:
 
 
 def control_context(batch: DecodeBatch, block: torch.Tensor, masked: torch.Tensor, start: int,
-                    cfg, columns: torch.Tensor | None = None) -> ControlContext:
+                    cfg, columns: torch.Tensor) -> ControlContext:
     """History = committed tokens + the block's filled positions; slots sit at response positions
-    start + `columns` (default: every block position)."""
+    start + `columns` [K]."""
     filled = ~masked
     counts = batch.counts + token_counts(block.masked_fill(masked, 0), filled, batch.counts.shape[1])
-    if columns is None:
-        columns = torch.arange(block.shape[1], device=block.device)
     think_open = None
     if batch.think_open is not None:
         markers = think_markers(block, filled, cfg.think_start_token_id, cfg.think_end_token_id)
