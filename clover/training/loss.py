@@ -68,19 +68,27 @@ def stream_logits(model, batch: Batch, noisy_response: torch.Tensor, block_size:
     return StreamLogits(torch.cat(ar, dim=1), torch.cat(diff, dim=1))
 
 
+def token_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy [N, R] of logits [N, R, V] against targets [N, R], in fp32."""
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
+    return ce.view_as(targets)
+
+
+def loss_divisor(weight: torch.Tensor, normalizer: float | None):
+    """The number the summed losses are divided by: the batch's targets, or `normalizer` (a
+    data-parallel rank's share of the global number, see the trainer)."""
+    return weight.sum().clamp(min=1.0) if normalizer is None else max(float(normalizer), 1e-9)
+
+
 def joint_loss(logits: StreamLogits, batch: Batch, noise: BlockNoise, block_size: int,
                alpha: float, normalizer: float | None = None) -> LossResult:
-    """Sums over the batch's response targets divided by `normalizer` (default: their number;
-    data-parallel training passes its share of the global number, see the trainer)."""
-    targets = batch.response_ids
+    """Sums over the batch's response targets divided by `loss_divisor`."""
     weight = batch.target_mask.float()
-    count = weight.sum().clamp(min=1.0) if normalizer is None else max(float(normalizer), 1e-9)
-    ce_ar = F.cross_entropy(logits.ar.flatten(0, 1).float(), targets.flatten(), reduction="none")
-    ce_diff = F.cross_entropy(logits.diff.flatten(0, 1).float(), targets.flatten(), reduction="none")
+    count = loss_divisor(weight, normalizer)
     masked = noise.masked.to(weight.device).float() * weight
     inv_t = 1.0 / noise.per_token_levels(block_size).to(weight.device)
-    l_ar = (ce_ar.view_as(weight) * weight).sum() / count
-    l_diff = (ce_diff.view_as(weight) * masked * inv_t).sum() / count
+    l_ar = (token_ce(logits.ar, batch.response_ids) * weight).sum() / count
+    l_diff = (token_ce(logits.diff, batch.response_ids) * masked * inv_t).sum() / count
     return LossResult(l_ar + alpha * l_diff, l_ar, l_diff, int(batch.target_mask.sum()),
                       int(masked.sum()))
 
@@ -95,12 +103,10 @@ def causal_logits(model, batch: Batch) -> torch.Tensor:
 
 
 def ar_loss(logits: torch.Tensor, batch: Batch, normalizer: float | None = None) -> LossResult:
-    """L_AR alone (the α = 0 objective: AR pre-training before joint post-training); `normalizer`
-    as in `joint_loss`."""
+    """L_AR alone (the α = 0 objective: AR pre-training before joint post-training); divided as
+    in `joint_loss`."""
     weight = batch.target_mask.float()
-    ce = F.cross_entropy(logits.flatten(0, 1).float(), batch.response_ids.flatten(), reduction="none")
-    count = weight.sum().clamp(min=1.0) if normalizer is None else max(float(normalizer), 1e-9)
-    l_ar = (ce.view_as(weight) * weight).sum() / count
+    l_ar = (token_ce(logits, batch.response_ids) * weight).sum() / loss_divisor(weight, normalizer)
     return LossResult(l_ar, l_ar, l_ar.new_zeros(()), int(batch.target_mask.sum()), 0)
 
 
