@@ -32,3 +32,11 @@ def tiny_model(seed: int = 0, scale: float = 0.2, block_params: bool = True, **o
             p.normal_(0.0, scale)
     return model
 
+
+
+TINY_MASK = 127  # the tiny config's mask id (its last vocabulary entry)
+
+
+def random_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    """[batch, length] token ids of the tiny vocabulary, never the mask."""
+    return torch.randint(0, TINY_MASK, (batch, length), generator=torch.Generator().manual_seed(seed))

@@ -8,18 +8,14 @@ block steps must leave the cache bit-identical.
 import pytest
 import torch
 
+from tiny import TINY_MASK as MASK
+from tiny import random_ids as ids
 from tiny import tiny_model
-
-MASK = 127
 
 
 @pytest.fixture(scope="module")
 def model():
     return tiny_model()
-
-
-def ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, MASK, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 def prefill(model, prompt):
