@@ -17,6 +17,10 @@ def register(subparsers) -> None:
                    help="continue from the run directory's latest checkpoint")
     p.add_argument("--max-steps", type=int, help="train at most N more steps in this invocation")
     p.add_argument("--max-minutes", type=float, help="stop (and checkpoint) after M minutes")
+    p.add_argument("--fit-minutes", type=float, metavar="M",
+                   help="measure the step time here first and set the recipe's train.steps so that "
+                        "training fills M minutes (the run dir's recipe.json records the steps)")
+    p.add_argument("--device", help="train on this device (overrides recipe device: cpu, cuda)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--plan", action="store_true",
                    help="print the per-rank memory plan (parameters, gradients, optimizer, activations) "
@@ -31,15 +35,20 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from clover.cli.common import check_device
     from clover.training.recipe import load_recipe
     from clover.training.run import run_recipe
 
-    recipe = load_recipe(args.recipe).with_overrides(init=args.init, output_dir=args.output)
+    check_device(args.device)
+
+    recipe = load_recipe(args.recipe).with_overrides(init=args.init, output_dir=args.output,
+                                                     device=args.device)
     if args.plan:
         print(plan_table(recipe, args.world_size, args.gpu_memory, args.seq_len))
         return 0
     result = run_recipe(recipe, resume=args.resume, max_steps=args.max_steps,
-                        max_minutes=args.max_minutes, progress=not args.no_progress)
+                        max_minutes=args.max_minutes, progress=not args.no_progress,
+                        fit_minutes=args.fit_minutes)
     if result.export_dir is not None:
         s = result.summary
         loss = f"{s.last.loss:.4f}" if s.last else "n/a"

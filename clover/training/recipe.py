@@ -96,8 +96,9 @@ class Recipe:
         if self.export_dtype not in ("fp32", "bf16"):
             raise ValueError(f"recipe.export_dtype={self.export_dtype!r} must be 'fp32' or 'bf16'")
 
-    def with_overrides(self, init: str | None = None, output_dir: str | None = None) -> "Recipe":
-        recipe = self
+    def with_overrides(self, init: str | None = None, output_dir: str | None = None,
+                       device: str | None = None) -> "Recipe":
+        recipe = self if device is None else dataclasses.replace(self, device=device)
         if init is not None:
             recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, init=init))
         if output_dir is not None:

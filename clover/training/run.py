@@ -16,6 +16,7 @@ from .data import BatchSpec, PairDataset
 from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
 from .evaluation import combine, loss_evaluator, task_evaluator
 from .export import export_checkpoint
+from .fit import fit_steps, measure_step_seconds
 from .recipe import Recipe, save_recipe
 from .sharding import full_state_dict, is_sharded
 from .sources import (DIGIT_ROLES, DIGIT_VOCAB, DigitTask, TokenRoles, build_tasks, encode_examples,
@@ -152,6 +153,17 @@ def _fits(pair, data) -> bool:
             and (data.max_response_len is None or len(pair.response_ids) <= data.max_response_len))
 
 
+def fit_recipe(recipe: Recipe, model, dataset, dist: DistInfo, minutes: float, run_dir: Path) -> Recipe:
+    """`recipe` with the steps that fill `minutes` here; the run dir's recipe.json records them."""
+    seconds = measure_step_seconds(model, recipe.train, dataset, dist)
+    train = fit_steps(recipe.train, seconds, minutes)
+    recipe = dataclasses.replace(recipe, train=train)
+    if dist.is_main:
+        save_recipe(recipe, run_dir / "recipe.json")
+        print(f"fit: {seconds:.3f} s/step here, {train.steps} steps fill {minutes:g} minutes", flush=True)
+    return recipe
+
+
 def whole_model(sharded, state: dict, dist: DistInfo):
     """Rank 0: an unsharded copy of an FSDP model carrying `state` (the gathered weights);
     other ranks keep their shards."""
@@ -165,15 +177,18 @@ def whole_model(sharded, state: dict, dist: DistInfo):
 
 
 def run_recipe(recipe: Recipe, resume: bool = False, max_steps: int | None = None,
-               max_minutes: float | None = None, progress: bool = True) -> RunResult:
+               max_minutes: float | None = None, progress: bool = True,
+               fit_minutes: float | None = None) -> RunResult:
+    """Train and export. `fit_minutes`: first measure the step time here and set
+    `train.steps` so that training fills that many minutes (see `fit.py`)."""
     dist = init_distributed(recipe.device)
     try:
-        return _run(recipe, dist, resume, max_steps, max_minutes, progress)
+        return _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes)
     finally:
         shutdown(dist)
 
 
-def _run(recipe, dist, resume, max_steps, max_minutes, progress) -> RunResult:
+def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) -> RunResult:
     if recipe.num_threads:
         torch.set_num_threads(recipe.num_threads)
     run_dir = Path(recipe.output_dir)
@@ -184,6 +199,8 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress) -> RunResult:
     model, roles = build_model(recipe, tokenizer)
     model.to(device_for(dist, recipe.device))
     dataset, eval_fn = build_data(recipe, tokenizer, roles, model)
+    if fit_minutes is not None:
+        recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir)
     trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress)
     if resume and not trainer.resume():
         trainer.log("resume requested but no checkpoint found: starting from step 0")

@@ -1,6 +1,7 @@
 """`clover train` end to end on the clover.data tasks: tokenizer, training, eval, resume, export."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -126,3 +127,39 @@ def test_plan_prints_the_35b_table(capsys):
     # FSDP splits parameters + gradients + optimizer state (16 bytes per parameter) over the ranks
     assert abs(float(rows[("8", "fsdp")][2]) * 8 - float(rows[("8", "ddp")][2])) < 0.5
     assert rows[("16", "ddp")][-1] == "no" and rows[("16", "fsdp")][-1] == "yes"
+
+
+def test_fit_minutes_sets_the_steps_and_leaves_the_run_untouched(tmp_path, capsys):
+    """--fit-minutes measures on a throwaway copy: the fitted run equals a plain run of the
+    steps it chose (same weights), and recipe.json records those steps."""
+    recipe = {"name": "fit", "num_threads": 1, "model": {"config": TINY},
+              "data": {"source": "digits", "n_eval_per_task": 4},
+              "train": {"steps": 1000, "batch_size": 4, "block_size": 4, "warmup_steps": 1}}
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(recipe))
+    fitted = tmp_path / "fitted"
+    assert main(["train", str(path), "--output", str(fitted), "--no-progress", "--fit-minutes", "0.02"]) == 0
+    out = capsys.readouterr().out
+    seconds, steps = re.search(r"fit: ([\d.]+) s/step here, (\d+) steps fill 0.02 minutes", out).groups()
+    assert int(steps) == max(2, int(1.2 / float(seconds)))
+    assert f"step {steps} (done)" in out
+    resolved = json.loads((fitted / "recipe.json").read_text())
+    assert resolved["train"]["steps"] == int(steps)
+
+    plain = tmp_path / "plain"
+    path.write_text(json.dumps({**recipe, "train": {**recipe["train"], "steps": int(steps)}}))
+    assert main(["train", str(path), "--output", str(plain), "--no-progress"]) == 0
+    a, b = (load_model_tensors(latest_checkpoint(run)) for run in (fitted, plain))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_fit_minutes_must_be_positive():
+    from clover.training.fit import fit_steps
+    from clover.training.trainer import TrainConfig
+
+    config = TrainConfig(steps=10, batch_size=2, block_size=4, warmup_steps=5)
+    assert fit_steps(config, 0.5, 1.0).steps == 120
+    assert fit_steps(config, 100.0, 1.0).steps == 6  # never fewer than warm-up + 1
+    with pytest.raises(ValueError, match="--fit-minutes=0 must be positive"):
+        fit_steps(config, 0.5, 0)

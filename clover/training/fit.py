@@ -1,0 +1,48 @@
+"""`fit_steps`: how many optimizer steps fill a wall-clock budget on this machine.
+
+`clover train RECIPE --fit-minutes M` measures the step time of the recipe's own model, batch
+and objective on a throwaway copy of the model (the run itself starts untouched), at steps
+spread over the first epoch so that short and long batches both count, then sets
+`train.steps` to fill M minutes of training. The resolved recipe (`recipe.json` in the run dir)
+records the steps, so the run can be repeated exactly elsewhere. Evaluation and checkpoints come
+on top of the M minutes.
+"""
+
+import copy
+import dataclasses
+import time
+
+import torch
+
+from .data import PairDataset
+from .distributed import DistInfo, all_reduce_sum
+from .trainer import TrainConfig, Trainer
+
+
+def measure_step_seconds(model: torch.nn.Module, config: TrainConfig, dataset: PairDataset,
+                         dist: DistInfo = DistInfo(), steps: int = 8, warmup: int = 2) -> float:
+    """Mean seconds of one training step (forward, backward, optimizer) over `steps` timed steps
+    after `warmup` untimed ones, on a deep copy of `model` (mean over ranks)."""
+    probe = copy.deepcopy(model)
+    trainer = Trainer(probe, config, dataset, None, None, dist, progress=False)
+    span = dataset.batches_per_epoch or config.steps
+    positions = [(i * span) // (warmup + steps) for i in range(warmup + steps)]
+    seconds = 0.0
+    for i, position in enumerate(positions):
+        trainer.step = position
+        start = time.perf_counter()
+        trainer.train_step()  # ends in .item(): the device has finished the step
+        if i >= warmup:
+            seconds += time.perf_counter() - start
+    del trainer, probe
+    total, = all_reduce_sum([seconds / steps], dist)
+    return total / dist.world_size
+
+
+def fit_steps(config: TrainConfig, step_seconds: float, minutes: float) -> TrainConfig:
+    """`config` with `steps` filling `minutes` at `step_seconds` each (never fewer than its
+    warm-up plus one)."""
+    if minutes <= 0:
+        raise ValueError(f"--fit-minutes={minutes} must be positive")
+    steps = max(config.warmup_steps + 1, int(60.0 * minutes / step_seconds))
+    return dataclasses.replace(config, steps=steps)
