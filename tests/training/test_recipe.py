@@ -59,3 +59,11 @@ def test_embedded_stage_two_starts_from_stage_one():
     assert stage1.train.alpha == 0 and stage2.train.alpha > 0  # AR first, then joint
     assert stage2.model.init == f"{stage1.output_dir}/final"
     assert "copy" in stage1.data.tasks and "copy" not in stage2.data.tasks
+
+
+def test_embedded_stage_three_continues_stage_two():
+    stage2 = load_recipe(ROOT / "recipes" / "embedded.json")
+    stage3 = load_recipe(ROOT / "recipes" / "embedded_polish.json")
+    assert stage3.model.init == f"{stage2.output_dir}/final"
+    assert stage3.train.alpha == stage2.train.alpha and stage3.train.lr < stage2.train.lr
+    assert stage3.data.seed != stage2.data.seed  # fresh examples
