@@ -53,10 +53,11 @@ def _overrides(req: SamplingFields, max_tokens: int | None) -> dict:
 
 
 def submit(runtime: Runtime, req: SamplingFields, prompt: Prompt, max_tokens: int | None,
-           prefix: str, top_logprobs: int | None = None) -> list[tuple[RequestStream, EngineRequest]]:
+           prefix: str, top_logprobs: int | None = None,
+           prompt_logprobs: bool = False) -> list[tuple[RequestStream, EngineRequest]]:
     """Resolve settings, check the prompt against the model, and queue one engine request per
     choice (`n`; choice i samples with seed + i when a seed is given). `top_logprobs`: None, or
-    the alternatives reported with each token's logprob."""
+    the alternatives reported with each token's logprob; `prompt_logprobs`: the prompt tokens' too."""
     refuse_unsupported(req, top_logprobs)
     try:
         cfg = request_config(runtime.defaults, _overrides(req, max_tokens), runtime.vocab_size)
@@ -74,7 +75,8 @@ def submit(runtime: Runtime, req: SamplingFields, prompt: Prompt, max_tokens: in
     first_id, queued = new_id(prefix), []
     for i in range(req.n):
         seed = None if req.seed is None else req.seed + i
-        request = EngineRequest(first_id if i == 0 else f"{first_id}-{i}", prompt.ids, cfg, seed, top_logprobs)
+        request = EngineRequest(first_id if i == 0 else f"{first_id}-{i}", prompt.ids, cfg, seed, top_logprobs,
+                                prompt_logprobs)
         try:
             queued.append((runtime.async_engine.generate(request), request))
         except QueueFullError as e:

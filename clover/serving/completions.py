@@ -26,8 +26,8 @@ async def create_completion(raw: Request, req: CompletionRequest, rt: Runtime, c
         raise bad_request(f"best_of={req.best_of} is not supported (only 1)", "best_of")
     top = _top_logprobs(req)
     prompt = await run_in_threadpool(completion_prompt, rt.tokenizer, req, rt.max_model_len)  # off the loop
-    queued = submit(rt, req, prompt, req.max_tokens, "cmpl", top)
-    echo = prompt.text if req.echo else ""
+    queued = submit(rt, req, prompt, req.max_tokens, "cmpl", top, prompt_logprobs=req.echo and top is not None)
+    echo = (prompt.text or rt.tokenizer.decode(prompt.ids, skip_special_tokens=False)) if req.echo else ""
     if req.stream:
         stream, request = queued[0]
         record = RequestRecord(rt.engine.metrics, "completions", request.request_id, len(prompt.ids))
@@ -40,7 +40,8 @@ async def create_completion(raw: Request, req: CompletionRequest, rt: Runtime, c
     choices = []
     for i, (text, last) in enumerate(zip(texts, lasts)):
         logprobs = None if top is None else completion_logprobs(rt.tokenizer, text.token_ids, text.logprobs,
-                                                                text.eos_ids, text.text, top, len(echo))
+                                                                text.eos_ids, text.text, top, echo, prompt.ids,
+                                                                text.prompt_logprobs)
         choices.append(CompletionChoice(index=i, text=echo + text.text, finish_reason=last.finish_reason,
                                         logprobs=logprobs))
     return Completion(id=queued[0][1].request_id, model=req.model, choices=choices, usage=usage(prompt, *texts))

@@ -102,3 +102,25 @@ class RowDecoder:
     def commit(self, block: torch.Tensor) -> None:
         """Fold a full committed block into the history the controls read."""
         append_history(self.history, block[None], self.cfg)
+
+
+def prompt_logprobs(model, prompt_ids: list[int], top: int, chunk: int) -> list[TokenLogprob | None]:
+    """Each prompt token's log-probability given the tokens before it, with its `top` most likely
+    alternatives (None for the first token, which has no context): one causal pass (block_len 0)
+    over the prompt, fed in pieces of at most `chunk` tokens through a cache so that only a piece's
+    logits [1, chunk, V] exist at a time. The model's raw causal distribution: controls, penalties
+    and temperature shape what is sampled, and a prompt is not sampled."""
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)  # [1, P]
+    cache, out = model.new_cache(), [None]
+    fed = ids[:, :-1]  # the last token's logits predict nothing in the prompt
+    for start in range(0, fed.shape[1], chunk):
+        piece = fed[:, start:start + chunk]  # [1, L]
+        mask = torch.ones(1, start + piece.shape[1], dtype=torch.long, device=model.device)
+        logits = model(piece, attention_mask=mask, past_key_values=cache, block_len=0).logits  # [1, L, V]
+        logprobs = logits[0].float().log_softmax(-1)  # [L, V]
+        targets = ids[0, start + 1:start + 1 + piece.shape[1]]  # [L]
+        chosen = logprobs.gather(-1, targets[:, None]).squeeze(-1)  # [L]
+        values, alt = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)  # [L, k]
+        out += [(lp, list(zip(i, v))) for lp, i, v in zip(chosen.tolist(), alt.tolist(), values.tolist())]
+    return out
+

@@ -24,6 +24,8 @@ Design (correctness first: greedy output never depends on the batch, SPEC C4):
 * Requests are admitted between steps (a block boundary for everyone). A request that finishes,
   fails or is aborted (client gone) leaves the batch before the next step and drops its cache.
 * Each request samples with its own `torch.Generator`, so sampling is batch-independent too.
+* Prompt logprobs (completions' `echo` with `logprobs`): one causal pass over the prompt of its own
+  at admission (`denoise.prompt_logprobs`), sent with the request's first report.
 
 Thread contract: `submit` and `abort` may be called from any thread; `sink` callbacks run on the
 engine thread and must not block.
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .batch import split_cache, stack_caches, stack_inputs
-from .denoise import RowDecoder
+from .denoise import RowDecoder, prompt_logprobs
 from .metrics import ServingMetrics
 from .prefix_cache import PrefixCache
 from .scheduler import Group, Scheduler, SchedulerConfig
@@ -151,6 +153,9 @@ class Engine:
         self.metrics.queue_time.observe(seq.admitted_at - seq.request.arrival)
         seq.decoder = RowDecoder.start(self.model, seq.request.prompt_ids, seq.params,
                                           seq.request.top_logprobs)
+        if seq.request.prompt_logprobs:
+            seq.prompt_logprobs = prompt_logprobs(self.model, seq.request.prompt_ids, seq.request.top_logprobs or 0,
+                                                  self.config.scheduler.prefill_chunk)
         hit = self.prefix_cache.lookup(seq.request.prompt_ids)
         seq.cache, seq.prefilled = hit.cache, hit.length
         self.metrics.prefix_hit_tokens.inc(hit.length)

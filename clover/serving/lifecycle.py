@@ -38,6 +38,8 @@ async def outputs(stream: RequestStream, text: ResponseText) -> AsyncIterator[Re
     string (then the engine request is aborted and the output marked finished with "stop")."""
     async for out in stream:
         text.add(out.new_token_ids, final=out.finished, logprobs=out.new_logprobs)
+        if out.prompt_logprobs is not None:
+            text.prompt_logprobs = out.prompt_logprobs
         if text.stopped and not out.finished:
             stream.abort()
             out.finish_reason = "stop"

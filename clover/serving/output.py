@@ -18,6 +18,7 @@ class ResponseText:
         self.tokenizer, self.eos_ids, self.stops = tokenizer, set(eos_ids), stops
         self.token_ids: list[int] = []
         self.logprobs: list = []  # per token: (logprob, [(id, logprob), ...]) when the request asked
+        self.prompt_logprobs: list | None = None  # per prompt token (None first), when asked (`echo`)
         self.text = ""
         self.stopped = False  # a stop string was found; `text` ends before it
 

@@ -138,13 +138,16 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_model_len: int) -> Pr
 
 
 def completion_prompt(tokenizer, req: CompletionRequest, max_model_len: int) -> Prompt:
+    """The one prompt of a completion request: a string, token ids, or a list holding one of
+    either (OpenAI's batch forms). Token ids have no text (`text` is ""); they are checked against
+    the vocabulary on admission."""
     prompt = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
-            raise bad_request("only one prompt per request is supported; send one request per prompt",
-                              "prompt")
+            raise bad_request(f"'prompt' holds {len(prompt)} prompts: only one prompt per request is "
+                              "supported; send one request per prompt", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
         _check_size(len(prompt.encode("utf-8")), max_prompt_bytes(tokenizer, max_model_len), "prompt")
         return Prompt(tokenizer.encode(prompt, add_special_tokens=False), prompt)
-    return Prompt(list(prompt), "")  # token ids are checked against the vocabulary on admission
+    return Prompt(list(prompt), "")

@@ -164,7 +164,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]  # OpenAI's four forms (one prompt is served)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(default=None, le=INT32_MAX)
@@ -201,8 +201,8 @@ class ChatLogprobs(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None for the first prompt token with `echo` (no context)
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 

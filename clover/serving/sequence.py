@@ -40,6 +40,7 @@ class EngineRequest:
     params: DecodeConfig
     seed: int | None = None
     top_logprobs: int | None = None  # report each token's logprob and this many alternatives (None: off)
+    prompt_logprobs: bool = False  # also the prompt tokens' (with `top_logprobs` alternatives), once
     arrival: float = field(default_factory=time.perf_counter)
 
 
@@ -55,6 +56,7 @@ class RequestOutput:
     finish_reason: str | None = None
     error: str | None = None
     new_logprobs: list | None = None  # per new token: (logprob, [(id, logprob), ...]) when asked for
+    prompt_logprobs: list | None = None  # per prompt token (None for the first), on the first report only
 
     @property
     def finished(self) -> bool:
@@ -78,6 +80,7 @@ class Sequence:
     num_forwards: int = 0
     admitted_at: float | None = None
     first_block_at: float | None = None
+    prompt_logprobs: list | None = None  # computed at admission when asked for; sent with the first report
 
     @property
     def request_id(self) -> str:
@@ -137,5 +140,6 @@ class Sequence:
 
     def report(self, new_tokens: list[int], finish_reason: str | None = None, error: str | None = None,
                logprobs: list | None = None):
+        prompt_logprobs, self.prompt_logprobs = self.prompt_logprobs, None
         self.sink(RequestOutput(self.request_id, new_tokens, len(self.generated), self.num_forwards,
-                                finish_reason, error, logprobs))
+                                finish_reason, error, logprobs, prompt_logprobs))

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from clover.serving import EngineConfig, Runtime, SchedulerConfig, ServerConfig, create_app
-from clover.serving.denoise import RowDecoder
+from clover.serving.denoise import RowDecoder, prompt_logprobs
+from clover.serving.logprobs import chat_logprobs, completion_logprobs
 from serve_fixtures import ServerThread, make_model, make_tokenizer, wait_ready
 
 MODEL = "tiny-clover"
@@ -85,15 +86,78 @@ def test_chat_logprobs_and_top_logprobs(client):
 
 def test_completion_logprobs(client):
     r = client.completions.create(model=MODEL, prompt="The quick brown", max_tokens=10, temperature=0,
-                                  logprobs=2, echo=True, extra_body={"block_size": 4})
+                                  logprobs=2, extra_body={"block_size": 4})
     choice = r.choices[0]
     lp = choice.logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) > 0
-    assert choice.text == "The quick brown" + "".join(lp.tokens)
-    assert lp.text_offset[0] == len("The quick brown")
+    assert lp.text_offset[0] == 0
+    shown = "".join(lp.tokens)
+    assert shown == choice.text or (choice.finish_reason == "stop" and shown.startswith(choice.text))  # + EOS
     assert all(b - a == len(t) for a, b, t in zip(lp.text_offset, lp.text_offset[1:], lp.tokens))
     assert all(v <= 0 and len(top) <= 2 and math.isclose(max(top.values()), v, abs_tol=1e-5)
                for v, top in zip(lp.token_logprobs, lp.top_logprobs))
+
+
+def causal_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """Reference: log p(ids[i] | ids[:i]) for i >= 1 from one plain causal forward of the whole prompt."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids]), block_len=0).logits[0].float()  # [P, V]
+    return logits[:-1].log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)  # [P - 1]
+
+
+def test_echo_gives_prompt_logprobs_from_one_causal_pass(client, tok_model):
+    """What lm-eval's `local-completions` sends for a loglikelihood request: token ids in a batch of
+    one, echo, logprobs=1, max_tokens=1; it reads token_logprobs[ctxlen:-1]."""
+    tok, model = tok_model
+    ids = tok("The quick brown fox jumps over the lazy dog.").input_ids
+    r = client.completions.create(model=MODEL, prompt=[ids], max_tokens=1, temperature=0, logprobs=1,
+                                  echo=True, seed=1234)
+    choice, lp = r.choices[0], r.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 1  # every prompt token, then the generated one (EOS or not)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    expected = causal_logprobs(model, ids)
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx(expected.tolist(), rel=1e-5, abs=1e-4)
+    for value, top, token in zip(lp.token_logprobs[1:], lp.top_logprobs[1:], lp.tokens[1:]):
+        assert len(top) == 1 and max(top.values()) >= value - 1e-5  # is_greedy as lm-eval reads it
+    assert choice.text.startswith(tok.decode(ids)) and "".join(lp.tokens[:len(ids)]) == tok.decode(ids)
+    assert lp.text_offset[:len(ids)] == [len("".join(lp.tokens[:i])) for i in range(len(ids))]
+
+
+def test_prompt_logprobs_in_pieces_equal_one_pass(tok_model):
+    tok, model = tok_model
+    ids = tok("def add(x, y):\n    return x + y\n").input_ids
+    with torch.inference_mode():
+        whole = prompt_logprobs(model, ids, 3, chunk=512)
+        pieces = prompt_logprobs(model, ids, 3, chunk=5)
+    assert whole[0] is None and pieces[0] is None and len(whole) == len(pieces) == len(ids)
+    assert [e[0] for e in whole[1:]] == pytest.approx(causal_logprobs(model, ids).tolist(), rel=1e-5, abs=1e-5)
+    assert [e[0] for e in pieces[1:]] == pytest.approx([e[0] for e in whole[1:]], rel=1e-5, abs=1e-5)
+    assert all([i for i, _ in a[1]] == [i for i, _ in b[1]] for a, b in zip(whole[1:], pieces[1:]))
+    assert prompt_logprobs(model, ids[:1], 3, chunk=5) == [None]
+
+
+def test_completion_logprobs_list_the_eos_that_ended_the_text_not_one_after_a_stop(tok_model):
+    tok, _ = tok_model
+    a, b = tok("hello").input_ids, tok(" world").input_ids
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = a + b + [eos]
+    entries = [(-0.5, [(t, -0.5)]) for t in ids]
+    full = completion_logprobs(tok, ids, entries, {eos}, "hello world", 1)
+    assert full.tokens[-1] == "<|im_end|>" and len(full.tokens) == len(ids)
+    assert full.text_offset[-1] == len("hello world")
+    stopped = completion_logprobs(tok, ids, entries, {eos}, "hello", 1)  # stop=" world" cut the text
+    assert "".join(stopped.tokens) == "hello" and "<|im_end|>" not in stopped.tokens
+    assert chat_logprobs(tok, ids, entries, {eos}, "hello world", 1).content[-1].token != "<|im_end|>"
+
+
+def test_token_prompts_in_a_batch_of_one_are_served_and_echoed_as_text(client, tok_model):
+    tok, _ = tok_model
+    ids = tok("hello world").input_ids
+    one = client.completions.create(model=MODEL, prompt=[ids], max_tokens=4, temperature=0, echo=True)
+    flat = client.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0)
+    assert one.choices[0].text == tok.decode(ids) + flat.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="holds 2 prompts"):
+        client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=4)
 
 
 def test_n_choices_are_the_single_requests_with_seeds_seed_plus_i(client):
