@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import AttentionLayerCache
+from .cache_rows import AttentionRows
 from .norms import RMSNorm
 from .rope import apply_rotary
 
@@ -64,15 +65,31 @@ class GatedAttention(nn.Module):
         cos, sin = rotary
         query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
 
-        if cache is None:
-            keys, values = key, value
+        if isinstance(cache, AttentionRows):
+            out = self._attend_rows(query, key, value, cache, block_len)
         else:
-            past = cache.length
-            keys, values = cache.read(key, value)
-            if num_causal:
-                cache.keep(keys, values, past + num_causal)
-        mask = prefix_block_mask(key_is_real, t, block_len)
-        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=self.scale,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)
+            if cache is None:
+                keys, values = key, value
+            else:
+                past = cache.length
+                keys, values = cache.read(key, value)
+                if num_causal:
+                    cache.keep(keys, values, past + num_causal)
+            mask = prefix_block_mask(key_is_real, t, block_len)
+            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=self.scale,
+                                                 enable_gqa=self.num_heads != self.num_kv_heads)
         out = out.transpose(1, 2).reshape(b, t, -1)
         return self.o_proj(out * torch.sigmoid(gate))
+
+    def _attend_rows(self, query, key, value, rows: AttentionRows, block_len: int) -> torch.Tensor:
+        """Each row over its own cache, unpadded (`cache_rows`): query [G, H, T, D], key/value
+        [G, H_kv, T, D]. Row r's new tokens follow its `rows.pads[r]` padding, whose outputs stay 0."""
+        out = query.new_zeros(query.shape)
+        for r, (keys, values) in enumerate(rows.read(key, value)):  # [1, H_kv, L_r + T - pad, D]
+            pad = rows.pads[r]
+            real = torch.ones(1, keys.shape[2], dtype=torch.bool, device=keys.device)
+            mask = prefix_block_mask(real, query.shape[2] - pad, block_len)
+            out[r:r + 1, :, pad:] = F.scaled_dot_product_attention(
+                query[r:r + 1, :, pad:], keys, values, attn_mask=mask, scale=self.scale,
+                enable_gqa=self.num_heads != self.num_kv_heads)
+        return out

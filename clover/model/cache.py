@@ -64,6 +64,12 @@ class AttentionLayerCache:
     def length(self) -> int:
         return 0 if self.key is None else self.key.shape[2]
 
+    def advance(self, num: int) -> None:
+        """Pooled: cover `num` more positions, which `read` has already written past `length`."""
+        if self.key_buffer is not None:
+            end = self.length + num
+            self.key, self.value = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+
     def crop(self, length: int) -> None:
         if self.key is not None:
             self.key, self.value = self.key[:, :, :length], self.value[:, :, :length]
@@ -98,6 +104,14 @@ class GatedDeltaNetLayerCache:
             self.recurrent_state.copy_(recurrent_state)
         else:
             self.conv_state, self.recurrent_state = conv_state, recurrent_state
+
+    def clear(self) -> None:
+        """The empty-cache state: zeros (in place when pooled, so the storage is reused)."""
+        if self.in_place and self.conv_state is not None:
+            self.conv_state.zero_()
+            self.recurrent_state.zero_()
+        else:
+            self.conv_state = self.recurrent_state = None
 
     def crop(self, length: int) -> None:
         raise NotImplementedError("a recurrent state cannot be cropped: restore a snapshot instead")
@@ -147,6 +161,13 @@ class CloverCache:
             elif saved.conv_state is not None:
                 layer.write(saved.conv_state.clone(), saved.recurrent_state.clone())
         self.seq_length = snapshot.seq_length
+
+    def reset(self) -> None:
+        """Empty again, keeping a pooled cache's buffers for the next user (`serving.cache_pool`)."""
+        self.crop_attention(0)
+        for layer in self.layers:
+            if isinstance(layer, GatedDeltaNetLayerCache):
+                layer.clear()
 
     def select_rows(self, rows: torch.Tensor) -> "CloverCache":
         return self._map(lambda t: t.index_select(0, rows.to(t.device)))

@@ -2,12 +2,16 @@
 
 Design (correctness first: greedy output never depends on the batch, SPEC C4):
 
-* Each request keeps its own `CloverCache` (batch 1, no padding). A step batches rows by
-  stacking those caches (`batch.stack_caches`: attention KV left-padded to the longest prefix,
-  masked out by `attention_mask`; GDN states concatenated) and splits the written cache back.
+* Each request keeps its own cache, a slot of the cache pool (`cache_pool.py`): a pooled batch-1
+  `CloverCache` taken at admission, written in place, emptied and reused after the request. A
+  step's forward reads its rows' slots in place (`clover.model.cache_rows`): each row attends over
+  a view of its own keys (no padding, no copy), GDN states are gathered and written back in place.
+  The plain twin, `EngineConfig(cache_pool=False)`, keeps growing per-request caches and stacks
+  them every step (`batch.stack_caches`: attention KV left-padded, masked out; GDN states
+  concatenated) and splits the written cache back; tests hold the two to the same tokens.
 * A forward's rows must share `block_len`, and rows with a cache must append the same number of
-  tokens (the cache has one `seq_length`, and padding between real tokens would corrupt the GDN
-  state). So one step runs one forward per (phase, block size) group:
+  tokens (padding between real tokens would corrupt the GDN state). So one step runs one forward
+  per (phase, block size) group:
     - CHUNK    `[left pad, prompt piece]`      prompt pieces of long prompts (`sequence.py`), no block;
     - PREFILL  `[left pad, prompt, B masks]`  new requests: causal prefill (or its last piece)
       fused with their first denoising step (left padding only over empty caches: exact);
@@ -15,8 +19,8 @@ Design (correctness first: greedy output never depends on the batch, SPEC C4):
       denoising step of the next one (SPEC §3.3, C3);
     - DENOISE  `[block]`                      a block-mode step; reads the cache, writes nothing.
   Groups are also split by empty-cache-or-not. With one block size and short prompts that is at
-  most three forwards a step; the DENOISE group's stacked cache is reused while its rows and
-  their caches are unchanged.
+  most three forwards a step; the DENOISE group's batched cache is reused while its rows are
+  unchanged and unwritten.
 * Each step feeds at most `max_step_tokens` prompt tokens (`scheduler.py`), so a long prompt does
   not stall the requests decoding next to it.
 * Prefix cache (`prefix_cache.py`): prompt state at piece boundaries is kept (LRU, `prefix_cache_mb`)
@@ -39,7 +43,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from clover.model.cache_rows import RowsCache
+from clover.model.configuration_clover_moe import MAX_BLOCK_SIZE
+
 from .batch import split_cache, stack_caches, stack_inputs
+from .cache_pool import CacheCapacityError, CachePool
 from .denoise import RowDecoder, prompt_logprobs
 from .metrics import ServingMetrics
 from .prefix_cache import PrefixCache
@@ -55,6 +63,18 @@ class EngineConfig:
     idle_wait_s: float = 0.05
     num_threads: int | None = None  # CPU intra-op threads of the engine thread (None: torch's default)
     prefix_cache_mb: float = 256.0  # prompt-prefix cache budget (0 = off)
+    cache_pool: bool = True  # False: the plain twin (per-request growing caches, stacked every step)
+    slot_tokens: int | None = None  # cache positions one request may use (None: the model's context + scratch)
+
+
+@dataclass
+class Batched:
+    """A group's forward cache: `key_mask` [G, cached] (None: all rows empty, twin path) and, on
+    the twin path, each row's left padding in front of its cached keys."""
+
+    cache: object  # RowsCache (pool) or a stacked CloverCache (twin)
+    key_mask: torch.Tensor | None
+    cache_pads: list[int] | None = None
 
 
 class Engine:
@@ -68,9 +88,11 @@ class Engine:
         self.device = model.device
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else 0
-        self._denoise_memo: dict[int, tuple[list, object]] = {}  # block size -> (caches, stacked)
-        self.prefix_cache = PrefixCache(int(config.prefix_cache_mb * 2 ** 20), config.scheduler.prefill_chunk,
-                                        model.new_cache)
+        self._denoise_memo: dict[int, tuple[list, Batched]] = {}  # block size -> (sequences, batched)
+        self.prefix_cache = PrefixCache(int(config.prefix_cache_mb * 2 ** 20), config.scheduler.prefill_chunk)
+        slot_tokens = config.slot_tokens or model.config.max_position_embeddings + 3 * MAX_BLOCK_SIZE
+        self.pool = CachePool(model.new_cache, config.scheduler.max_batch_size, slot_tokens) \
+            if config.cache_pool else None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -118,6 +140,8 @@ class Engine:
         for seq in self.scheduler.admit():
             try:
                 self._start(seq)
+            except CacheCapacityError as e:
+                self._finish(seq, "error", error=str(e))
             except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
                 log.exception("request %s could not start", seq.request_id)
                 self._finish(seq, "error", error=f"{type(e).__name__} at admission")
@@ -151,46 +175,59 @@ class Engine:
     def _start(self, seq: Sequence) -> None:
         seq.admitted_at = time.perf_counter()
         self.metrics.queue_time.observe(seq.admitted_at - seq.request.arrival)
-        seq.decoder = RowDecoder.start(self.model, seq.request.prompt_ids, seq.params,
-                                          seq.request.top_logprobs)
+        prompt = seq.request.prompt_ids
+        seq.decoder = RowDecoder.start(self.model, prompt, seq.params, seq.request.top_logprobs)
         if seq.request.prompt_logprobs:
-            seq.prompt_logprobs = prompt_logprobs(self.model, seq.request.prompt_ids, seq.request.top_logprobs or 0,
+            seq.prompt_logprobs = prompt_logprobs(self.model, prompt, seq.request.top_logprobs or 0,
                                                   self.config.scheduler.prefill_chunk)
-        hit = self.prefix_cache.lookup(seq.request.prompt_ids)
-        seq.cache, seq.prefilled = hit.cache, hit.length
+        if self.pool is not None:
+            seq.cache = self.pool.acquire(len(prompt), seq.params)
+        hit = self.prefix_cache.lookup(prompt)
+        if hit.length:
+            seq.cache = self.prefix_cache.restore(hit, self.model.new_cache() if seq.cache is None else seq.cache)
+        seq.prefilled = hit.length
         self.metrics.prefix_hit_tokens.inc(hit.length)
-        self.metrics.prefix_miss_tokens.inc(len(seq.request.prompt_ids) - hit.length)
+        self.metrics.prefix_miss_tokens.inc(len(prompt) - hit.length)
         seq.new_block(self.device)
         seq.next_prompt_phase(self.config.scheduler.prefill_chunk)
 
-    def _batch_cache(self, group: Group):
-        """The group's stacked cache (None for empty caches), reused for an unchanged DENOISE group."""
-        if group.seqs[0].cache is None:
-            return None
-        caches = [s.cache for s in group.seqs]
+    def _batch(self, group: Group, pads: list[int]) -> Batched:
+        """The group's forward cache; an unchanged DENOISE group reuses the last one (its rows
+        were not written since: `_forget` drops it when they are)."""
+        seqs = group.seqs
         if group.phase is Phase.DENOISE:
             memo = self._denoise_memo.get(group.block_len)
-            # identity, not id(): the memo holds its caches, so no new cache can match a dead one
-            if memo is not None and len(memo[0]) == len(caches) and all(a is b for a, b in zip(memo[0], caches)):
+            if memo is not None and len(memo[0]) == len(seqs) and all(a is b for a, b in zip(memo[0], seqs)):
                 return memo[1]
-        batched = stack_caches(caches, self.model.new_cache())
+        if self.pool is not None:
+            rows = RowsCache([s.cache for s in seqs], pads)
+            batched = Batched(rows, rows.key_mask(self.device))
+        elif not seqs[0].has_cache:
+            batched = Batched(self.model.new_cache(), None, [0] * len(seqs))
+        else:
+            stacked = stack_caches([s.cache for s in seqs], self.model.new_cache())
+            batched = Batched(stacked.cache, stacked.key_mask, stacked.pads)
         if group.phase is Phase.DENOISE:
-            self._denoise_memo[group.block_len] = (caches, batched)
+            self._denoise_memo[group.block_len] = (list(seqs), batched)
         return batched
+
+    def _forget(self, seqs: list[Sequence]) -> None:
+        """Drop reused DENOISE batches holding any of `seqs` (written or gone)."""
+        ids = {id(s) for s in seqs}
+        self._denoise_memo = {b: v for b, v in self._denoise_memo.items() if not any(id(s) in ids for s in v[0])}
 
     def _run_group(self, group: Group) -> None:
         seqs, b, chunk = group.seqs, group.block_len, self.config.scheduler.prefill_chunk
         causal = [s.causal_input(chunk) for s in seqs]
         inputs = stack_inputs(causal, [s.block if b else s.block[:0] for s in seqs], self.pad_id, self.device)
-        cached = self._batch_cache(group)
-        cache = self.model.new_cache() if cached is None else cached.cache
-        mask = inputs.new_mask if cached is None else torch.cat((cached.key_mask, inputs.new_mask), dim=1)
-        out = self.model(inputs.input_ids, attention_mask=mask, past_key_values=cache, block_len=b,
+        batched = self._batch(group, inputs.pads)
+        mask = inputs.new_mask if batched.key_mask is None else torch.cat((batched.key_mask, inputs.new_mask), 1)
+        out = self.model(inputs.input_ids, attention_mask=mask, past_key_values=batched.cache, block_len=b,
                          logits_to_keep=max(b, 1))
         self.metrics.forward_passes.inc()
         self.metrics.row_forwards.inc(len(seqs))
         if group.phase is not Phase.DENOISE:
-            self._write_back(group, cache, cached, inputs.pads, [len(c) for c in causal])
+            self._write_back(group, batched, inputs.pads, [len(c) for c in causal])
         for row, seq in enumerate(seqs):
             seq.num_forwards += 1
             if not b:  # a prompt piece: nothing to decode yet
@@ -201,19 +238,24 @@ class Engine:
                 log.exception("request %s failed", seq.request_id)
                 self._finish(seq, "error", error=f"{type(e).__name__} during decoding")
 
-    def _write_back(self, group: Group, cache, cached, pads: list[int], appended: list[int]) -> None:
-        """Give every row its part of the written cache; its prompt piece or commit is done."""
-        cache_pads = cached.pads if cached is not None else [0] * len(group.seqs)
-        starts = [cp + p for cp, p in zip(cache_pads, pads)]
-        owns = split_cache(cache, starts, [self.model.new_cache() for _ in starts])
+    def _write_back(self, group: Group, batched: Batched, pads: list[int], appended: list[int]) -> None:
+        """Make each row's appended tokens part of its cache; its prompt piece or commit is done."""
+        self._forget(group.seqs)
+        if self.pool is not None:
+            batched.cache.commit(appended)
+        else:
+            starts = [cp + p for cp, p in zip(batched.cache_pads, pads)]
+            owns = split_cache(batched.cache, starts, [self.model.new_cache() for _ in starts])
+            for seq, own in zip(group.seqs, owns):
+                seq.cache = own
         chunk = self.config.scheduler.prefill_chunk
-        for seq, own, n in zip(group.seqs, owns, appended):
-            seq.cache, seq.pending = own, []
+        for seq, n in zip(group.seqs, appended):
+            seq.pending = []
             if group.phase in (Phase.CHUNK, Phase.PREFILL):
                 seq.prefilled += n
                 self.metrics.prompt_tokens.inc(n)
                 if group.phase is Phase.CHUNK:
-                    self.prefix_cache.store(seq.request.prompt_ids, seq.prefilled, own)
+                    self.prefix_cache.store(seq.request.prompt_ids, seq.prefilled, seq.cache)
                     seq.next_prompt_phase(chunk)
 
     def _advance(self, seq: Sequence, logits: torch.Tensor) -> None:
@@ -243,9 +285,9 @@ class Engine:
 
     def _finish(self, seq: Sequence, reason: str, tokens: list[int] | None = None, error: str | None = None,
                 logprobs: list | None = None):
-        if seq.cache is not None:  # no stacked copy may outlive the request
-            self._denoise_memo = {b: v for b, v in self._denoise_memo.items()
-                                  if not any(c is seq.cache for c in v[0])}
+        self._forget([seq])  # no batch holding its cache may outlive the request
+        if self.pool is not None and seq.cache is not None:
+            self.pool.release(seq.cache)
         self.scheduler.finish(seq)
         if seq.num_forwards:
             self.metrics.tokens_per_forward.observe(len(seq.generated) / seq.num_forwards)

@@ -4,8 +4,8 @@ A page is `page` prompt tokens ending at a multiple of `page` (prompt pieces end
 `clover.model.decode_batch.prompt_piece_end`). An entry, keyed by the hash chain of the token
 prefix up to its boundary, holds that page's attention keys/values and the GDN conv/recurrent
 states at the boundary (the recurrent state summarises everything before, so it cannot be shared
-across pages). A hit on pages 1..k rebuilds a batch-1 cache of k·page positions (one copy at
-admission), so only the suffix is prefilled. Entries are evicted least recently used first once
+across pages). A hit on pages 1..k is written into the request's empty cache (its pool slot, in
+place: one copy at admission), so only the suffix is prefilled. Entries are evicted least recently used first once
 their bytes pass `budget_bytes`; a chain with an evicted page stops hitting at that page.
 
 Contract: owned by the engine thread. Stored tensors are copies: no request's cache is pinned.
@@ -29,15 +29,15 @@ class PrefixEntry:
 
 @dataclass
 class PrefixHit:
-    length: int  # prompt tokens restored
-    cache: CloverCache | None  # batch 1, `length` positions; None on a miss
+    length: int  # prompt tokens cached (0 on a miss)
+    pages: list[PrefixEntry]  # the pages of those tokens, in order
 
 
 class PrefixCache:
-    def __init__(self, budget_bytes: int, page: int, new_cache):
+    def __init__(self, budget_bytes: int, page: int):
         if page <= 0:
             raise ValueError(f"prefix cache page={page} must be a positive number of tokens")
-        self.budget_bytes, self.page, self.new_cache = budget_bytes, page, new_cache
+        self.budget_bytes, self.page = budget_bytes, page
         self.entries: OrderedDict[int, PrefixEntry] = OrderedDict()
         self.nbytes = 0
 
@@ -58,20 +58,18 @@ class PrefixCache:
                 break
             self.entries.move_to_end(key)
             found.append(entry)
-        if not found:
-            return PrefixHit(0, None)
-        return PrefixHit(len(found) * self.page, self._rebuild(found))
+        return PrefixHit(len(found) * self.page, found)
 
-    def _rebuild(self, pages: list[PrefixEntry]) -> CloverCache:
-        cache = self.new_cache()
+    def restore(self, hit: PrefixHit, cache: CloverCache) -> CloverCache:
+        """Write a hit into an empty batch-1 `cache` (growing or pooled); returns it."""
         for i, layer in enumerate(cache.layers):
             if isinstance(layer, AttentionLayerCache):
-                layer.key = torch.cat([p.layers[i]["key"] for p in pages], dim=2)
-                layer.value = torch.cat([p.layers[i]["value"] for p in pages], dim=2)
+                layer.append(torch.cat([p.layers[i]["key"] for p in hit.pages], dim=2),
+                             torch.cat([p.layers[i]["value"] for p in hit.pages], dim=2))
             else:
-                last = pages[-1].layers[i]
-                layer.conv_state, layer.recurrent_state = last["conv_state"].clone(), last["recurrent_state"].clone()
-        cache.seq_length = len(pages) * self.page
+                last = hit.pages[-1].layers[i]
+                layer.write(last["conv_state"].clone(), last["recurrent_state"].clone())
+        cache.seq_length = hit.length
         return cache
 
     def store(self, prompt: list[int], end: int, cache: CloverCache) -> None:

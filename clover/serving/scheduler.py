@@ -125,13 +125,13 @@ class Scheduler:
         for seq in self.running:
             if seq.in_prompt and id(seq) not in feeding:
                 continue
-            appended = seq.step_tokens if seq.in_prompt and seq.cache is not None else 0
-            key = (seq.phase, seq.block_len, seq.cache is None, appended)
+            appended = seq.step_tokens if seq.in_prompt and seq.has_cache else 0
+            key = (seq.phase, seq.block_len, seq.has_cache, appended)
             groups.setdefault(key, Group(seq.phase, seq.block_len, [])).seqs.append(seq)
         return list(groups.values())
 
     def finish(self, seq: Sequence) -> None:
-        """Drop a sequence from the batch and free its cache."""
+        """Drop a sequence from the batch and let go of its cache (the engine returned a pool slot)."""
         if seq in self.running:
             self.running.remove(seq)
         seq.cache = None

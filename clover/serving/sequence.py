@@ -103,6 +103,11 @@ class Sequence:
         return len(self.request.prompt_ids) - self.prefilled
 
     @property
+    def has_cache(self) -> bool:
+        """Whether its cache holds any position (an empty one may be left-padded in a forward)."""
+        return self.cache is not None and self.cache.get_seq_length() > 0
+
+    @property
     def in_prompt(self) -> bool:
         return self.phase in (Phase.CHUNK, Phase.PREFILL)
 

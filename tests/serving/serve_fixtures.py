@@ -85,9 +85,10 @@ class ScriptedModel(torch.nn.Module):
     """Follows the model's forward contract and answers every prompt with `respond(prompt_text)`
     followed by `<|im_end|>`, with certainty, so each block is final after one step.
 
-    It keeps real state in a `CloverCache` like the real model: the token ids as the keys of its
-    attention layer and the prompt length in its GDN layer's conv state, so the engine's cache
-    stacking and splitting are exercised. A prompt containing "EXPLODE" makes the forward raise."""
+    It keeps real state in its cache-pool slots like the real model: the token ids as the keys of
+    its attention layer (written in place, read back per row) and the prompt length in its GDN
+    layer's conv state (gathered and written back), so the engine's cache pool is exercised. A
+    prompt containing "EXPLODE" makes the forward raise."""
 
     def __init__(self, tokenizer, respond):
         super().__init__()
@@ -101,9 +102,9 @@ class ScriptedModel(torch.nn.Module):
     def device(self):
         return self.anchor.device
 
-    def new_cache(self, capacity: int = 0):  # always growing: forward below replaces tensors
+    def new_cache(self, capacity: int = 0):
         from clover.model import CloverCache
-        return CloverCache(self.config.layer_types)
+        return CloverCache(self.config.layer_types, capacity)
 
     def _script(self, prompt_ids: list[int]) -> list[int]:
         text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
@@ -114,28 +115,23 @@ class ScriptedModel(torch.nn.Module):
     def forward(self, input_ids, attention_mask=None, past_key_values=None, block_len=None,
                 logits_to_keep=0, **kwargs):
         from clover.model import CloverOutput
-        cache, block_len = past_key_values, int(block_len or 0)
+        cache, block_len = past_key_values, int(block_len or 0)  # a RowsCache over pool slots
         g, t = input_ids.shape
-        past, n_causal = cache.seq_length, t - block_len
+        past, n_causal = cache.get_seq_length(), t - block_len
         gdn, att = cache.layers
-        new = input_ids[:, None, :n_causal, None].float()
-        att.key = new if att.key is None else torch.cat((att.key, new), dim=2)
-        att.value = att.key
-        if gdn.conv_state is None:  # per row: prompt length so far, and whether the prompt is complete
-            gdn.conv_state, gdn.recurrent_state = torch.zeros(g, 1, 1), torch.zeros(g, 1, 1, 1)
-        prompt_open = gdn.recurrent_state.view(g, 1, 1) == 0  # prompt pieces until the first block
+        new = input_ids[:, None, :, None].float()  # [G, 1, T, 1]: the ids as attention keys
+        ids = [keys[0, 0, :keys.shape[2] - block_len, 0].long().tolist() for keys, _ in att.read(new, new)]
+        conv = gdn.conv_state if gdn.conv_state is not None else torch.zeros(g, 1, 1)
+        recurrent = gdn.recurrent_state if gdn.recurrent_state is not None else torch.zeros(g, 1, 1, 1)
+        prompt_open = recurrent.view(g, 1, 1) == 0  # per row: prompt pieces until the first block
         fed = attention_mask[:, past:past + n_causal].sum(-1).float().view(g, 1, 1)
-        gdn.conv_state = gdn.conv_state + torch.where(prompt_open, fed, 0.0)
-        if block_len:
-            gdn.recurrent_state = torch.ones(g, 1, 1, 1)
-        cache.seq_length += n_causal
+        conv = conv + torch.where(prompt_open, fed, 0.0)  # per row: prompt length so far
+        gdn.write(conv, torch.ones(g, 1, 1, 1) if block_len else recurrent)
         logits = torch.full((g, block_len, self.config.vocab_size), -30.0)
-        real = attention_mask[:, :past + n_causal].bool()
         for row in range(g):
-            ids = att.key[row, 0, :, 0][real[row]].long().tolist()
-            prompt_len = int(gdn.conv_state[row].item())
-            script = self._script(ids[:prompt_len])
-            done = len(ids) - prompt_len
+            prompt_len = int(conv[row].item())
+            script = self._script(ids[row][:prompt_len])
+            done = len(ids[row]) - prompt_len
             for j in range(block_len):
                 k = done + j
                 logits[row, j, script[k] if k < len(script) else self.im_end] = 30.0

@@ -69,13 +69,13 @@ def test_lru_eviction_keeps_the_budget(model, tok):
     from clover.serving.prefix_cache import PrefixCache
 
     prompt = tok.encode(SYSTEM)[:25]
-    cache, pages = model.new_cache(), PrefixCache(2 ** 30, 8, model.new_cache)
+    cache, pages = model.new_cache(), PrefixCache(2 ** 30, 8)
     for end in (8, 16, 24):
         model(torch.tensor([prompt[end - 8:end]]), past_key_values=cache)
         pages.store(prompt, end, cache)
     assert pages.lookup(prompt).length == 24
     entry = next(iter(pages.entries.values())).nbytes
-    pages = PrefixCache(2 * entry, 8, model.new_cache)
+    pages = PrefixCache(2 * entry, 8)
     cache = model.new_cache()
     for end in (8, 16, 24):
         model(torch.tensor([prompt[end - 8:end]]), past_key_values=cache)

@@ -1,0 +1,1 @@
+../../model/cache_rows.py
