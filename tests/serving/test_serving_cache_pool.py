@@ -1,0 +1,102 @@
+"""The engine's cache pool against its plain twin (per-request growing caches stacked into one batch
+every step and split back): the same tokens (greedy, fp32) with mixed prompt lengths, prompt
+pieces, prefix hits, and requests joining and leaving mid-run; slots reused after a request; a
+request too long for a slot refused by name while the others go on."""
+
+import pytest
+import torch
+
+from clover.serving.engine import Engine, EngineConfig
+from clover.serving.params import request_config, server_defaults
+from clover.serving.scheduler import SchedulerConfig
+from clover.serving.sequence import EngineRequest
+from serve_fixtures import make_model, make_tokenizer
+
+SYSTEM = "You are a careful assistant. Answer in one short sentence. "
+PROMPTS = ["hello world", SYSTEM + "The quick brown fox jumps over the lazy dog.", "What is the weather?",
+           SYSTEM + "def add(x, y):", "I am fine", SYSTEM * 2 + "Paris", "Let me think", "x"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return make_model(tok)
+
+
+def cfg(model, tok, **settings):
+    return request_config(server_defaults(model, tok), settings, model.config.vocab_size)
+
+
+def drive(engine: Engine, schedule: list[tuple[int, str, list[int], object]]) -> dict:
+    """Submit each (step, id, prompt ids, settings) before that engine step; step until idle.
+    Returns id -> (tokens, finish reason, error)."""
+    outs, pending, step = {}, sorted(schedule, key=lambda s: s[0]), 0
+    with torch.inference_mode():
+        while pending or engine.scheduler.num_running or engine.scheduler.num_waiting:
+            while pending and pending[0][0] <= step:
+                _, rid, ids, settings = pending.pop(0)
+                outs[rid] = []
+                engine.submit(EngineRequest(rid, ids, settings), outs[rid].append)
+            engine.step()
+            step += 1
+    return {rid: ([t for o in v for t in o.new_token_ids], v[-1].finish_reason, v[-1].error)
+            for rid, v in outs.items()}
+
+
+def engine(model, tok, pool: bool, **settings) -> Engine:
+    scheduler = SchedulerConfig(prefill_chunk=8, max_step_tokens=16, max_batch_size=settings.pop("batch", 32))
+    return Engine(model, tok, EngineConfig(scheduler, cache_pool=pool, **settings))
+
+
+def test_pool_gives_the_stacked_twins_tokens(model, tok):
+    schedule = [(at, f"r{i}", tok.encode(p), cfg(model, tok, max_new_tokens=4 + 3 * i, block_size=[4, 8][i % 2]))
+                for i, (at, p) in enumerate(zip([0, 0, 1, 2, 4, 7, 9, 12], PROMPTS))]
+    eng = engine(model, tok, True)
+    pooled = drive(eng, schedule)
+    assert pooled == drive(engine(model, tok, False), schedule)
+    assert eng.metrics.prefix_hit_tokens.value() > 0  # later SYSTEM prompts start from cached pages
+    assert all(reason in ("stop", "length") and tokens for tokens, reason, _ in pooled.values())
+    alone = {}
+    for request in schedule[1::3]:  # batch independence: the same tokens with nobody beside it
+        alone.update(drive(engine(model, tok, True), [request]))
+    assert alone == {rid: pooled[rid] for rid in alone}
+
+
+def test_slots_are_reused(model, tok):
+    eng = engine(model, tok, True, batch=2)
+    settings = cfg(model, tok, max_new_tokens=8, block_size=4)
+    drive(eng, [(0, "a", tok.encode(PROMPTS[0]), settings), (0, "b", tok.encode(PROMPTS[2]), settings)])
+    slots = list(eng.pool.free)
+    buffers = [layer.key_buffer.data_ptr() for c in slots for layer in c.layers if hasattr(layer, "key_buffer")]
+    assert len(slots) == 2 and eng.pool.taken == 0
+    drive(eng, [(i, f"c{i}", tok.encode(p), settings) for i, p in enumerate(PROMPTS[4:8])])  # 4 requests, 2 slots
+    assert eng.pool.taken == 0 and sorted(map(id, eng.pool.free)) == sorted(map(id, slots))
+    assert [layer.key_buffer.data_ptr() for c in slots for layer in c.layers if hasattr(layer, "key_buffer")] == buffers
+
+
+def test_a_request_beyond_the_slot_capacity_fails_alone(model, tok):
+    eng = engine(model, tok, True, slot_tokens=64)
+    short = cfg(model, tok, max_new_tokens=8, block_size=4)
+    long_ids = tok.encode(SYSTEM * 3)
+    schedule = [(0, "long", long_ids, cfg(model, tok, max_new_tokens=16, block_size=4)),
+                (0, "short", tok.encode(PROMPTS[0]), short)]
+    out = drive(eng, schedule)
+    tokens, reason, error = out["long"]
+    assert reason == "error" and not tokens
+    need = len(long_ids) + 16 + 2 * 4
+    assert f"needs {need} cache positions" in error and "slot's 64" in error
+    assert out["short"] == drive(engine(model, tok, True), [schedule[1]])["short"]
+    again = drive(eng, [(0, "next", tok.encode(PROMPTS[2]), short)])["next"]
+    assert again[1] in ("stop", "length") and again[0]
