@@ -34,6 +34,10 @@ def register(sub) -> None:
                         "stall short ones)")
     p.add_argument("--prefix-cache-mb", type=float, default=256.0,
                    help="memory for cached prompt prefixes, LRU (0 = off)")
+    p.add_argument("--cache-slot-tokens", type=int, default=None,
+                   help="cache positions one request may use (prompt + max_tokens + 2 blocks); longer requests "
+                        "are refused (default: the model's context + scratch). Slots are allocated as requests "
+                        "need them and reused")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the engine (default: torch's)")
     p.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json (off by default)")
@@ -63,10 +67,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--shutdown-timeout={args.shutdown_timeout} must be >= 0")
     directory, options = model_dir(args, hub_ok=False), load_options(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.cache_slot_tokens is not None and args.cache_slot_tokens <= 0:
+        raise ValueError(f"--cache-slot-tokens={args.cache_slot_tokens} must be positive")
     if args.prefix_cache_mb < 0:
         raise ValueError(f"--prefix-cache-mb={args.prefix_cache_mb} must be >= 0 (0 turns the cache off)")
     scheduler = SchedulerConfig(args.max_batch_size, args.max_queue, max_step_tokens=args.max_step_tokens)
-    engine_config = EngineConfig(scheduler, num_threads=args.threads, prefix_cache_mb=args.prefix_cache_mb)
+    engine_config = EngineConfig(scheduler, num_threads=args.threads, prefix_cache_mb=args.prefix_cache_mb,
+                                 slot_tokens=args.cache_slot_tokens)
     config = ServerConfig(args.served_model_name or directory.resolve().name, args.api_key, args.max_body_bytes,
                           args.body_timeout, args.docs)
     limits = ConnectionLimits(args.head_timeout, args.keep_alive_timeout, args.max_connections,

@@ -7,6 +7,7 @@ import torch
 from clover.model.generation_config import validate_prompt
 
 from .async_engine import RequestStream
+from .cache_pool import CacheCapacityError
 from .errors import bad_request, model_not_found, queue_full
 from .params import ParamError, default_max_tokens, request_config
 from .prompts import Prompt
@@ -67,6 +68,10 @@ def submit(runtime: Runtime, req: SamplingFields, prompt: Prompt, max_tokens: in
             cfg = request_config(cfg, {"max_new_tokens": budget or cfg.max_new_tokens}, runtime.vocab_size)
         ids = torch.tensor([prompt.ids], dtype=torch.long).view(1, -1)
         validate_prompt(ids, torch.ones_like(ids), cfg, runtime.model_config)
+        if getattr(runtime.engine, "pool", None) is not None:
+            runtime.engine.pool.check(len(prompt.ids), cfg)
+    except CacheCapacityError as e:
+        raise bad_request(str(e), "max_tokens", "context_length_exceeded") from None
     except ParamError as e:
         raise bad_request(str(e), e.param) from None
     except ValueError as e:

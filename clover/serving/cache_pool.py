@@ -41,12 +41,7 @@ class CachePool:
 
     def acquire(self, prompt_len: int, cfg: DecodeConfig) -> CloverCache:
         """An empty slot for a request with this prompt and settings."""
-        need = slot_need(prompt_len, cfg)
-        if need > self.slot_tokens:
-            raise CacheCapacityError(
-                f"the request needs {need} cache positions (prompt {prompt_len} + max_tokens "
-                f"{cfg.max_new_tokens} in blocks of {cfg.block_size} + 2 blocks of scratch), more than "
-                f"a cache slot's {self.slot_tokens} (--cache-slot-tokens)")
+        need = self.check(prompt_len, cfg)
         if self.taken >= self.num_slots:
             raise CacheCapacityError(f"all {self.num_slots} cache slots are taken")
         fits = [c for c in self.free if c.capacity >= need]
@@ -59,6 +54,16 @@ class CachePool:
             cache = self.new_cache(min(self.slot_tokens, max(MIN_SLOT_TOKENS, 1 << (need - 1).bit_length())))
         self.taken += 1
         return cache
+
+    def check(self, prompt_len: int, cfg: DecodeConfig) -> int:
+        """The positions the request needs; raises `CacheCapacityError` past `slot_tokens`."""
+        need = slot_need(prompt_len, cfg)
+        if need > self.slot_tokens:
+            raise CacheCapacityError(
+                f"the request needs {need} cache positions (prompt {prompt_len} + max_tokens "
+                f"{cfg.max_new_tokens} in blocks of {cfg.block_size} + 2 blocks of scratch), more than "
+                f"a cache slot's {self.slot_tokens} (--cache-slot-tokens)")
+        return need
 
     def release(self, cache: CloverCache) -> None:
         """Give a slot back; it is emptied for the next request (buffers kept)."""

@@ -100,3 +100,25 @@ def test_a_request_beyond_the_slot_capacity_fails_alone(model, tok):
     assert out["short"] == drive(engine(model, tok, True), [schedule[1]])["short"]
     again = drive(eng, [(0, "next", tok.encode(PROMPTS[2]), short)])["next"]
     assert again[1] in ("stop", "length") and again[0]
+
+
+def test_the_server_refuses_a_request_beyond_a_slot_with_400(tok):
+    import openai
+
+    from clover.serving import Runtime, ServerConfig, create_app
+    from serve_fixtures import ScriptedModel, ServerThread, scripted_answer, wait_ready
+
+    model = ScriptedModel(tok, scripted_answer)
+    config = EngineConfig(num_threads=1, slot_tokens=160)
+    srv = ServerThread(create_app(ServerConfig(), lambda m: Runtime.from_objects(model, tok, config, m))).start()
+    try:
+        client = openai.OpenAI(api_key="none", base_url=srv.base_url + "/v1", max_retries=0, timeout=60)
+        wait_ready(client)
+        with pytest.raises(openai.BadRequestError, match="more than a cache slot's 160"):
+            client.chat.completions.create(model="clover", messages=[{"role": "user", "content": SYSTEM * 4}],
+                                           max_tokens=8)
+        ok = client.chat.completions.create(model="clover", messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=8, extra_body={"enable_thinking": False})
+        assert ok.choices[0].message.content
+    finally:
+        srv.stop()
