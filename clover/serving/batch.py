@@ -1,4 +1,7 @@
-"""Batching rows that live in separate per-request caches into one forward, and splitting back.
+"""The rows of one forward: their inputs (`stack_inputs`, both paths) and, for the engine's plain
+twin (`EngineConfig(cache_pool=False)`), per-request growing caches stacked into one batched cache
+and split back after the forward (a copy of every row's cache per step; the cache pool reads
+the rows in place instead, `clover.model.cache_rows`).
 
 Every row of a forward appends the same number of tokens, except prefill rows, whose caches are
 empty: a prompt is left-padded, which is exact (padding keys are masked out, and a zero GDN input
