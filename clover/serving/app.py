@@ -18,7 +18,7 @@ from .admission import ServerConfig
 from .chat import create_chat_completion
 from .completions import create_completion
 from .errors import APIError, install_error_handlers, loading
-from .metrics import CONTENT_TYPE, ServingMetrics
+from .metrics import ServingMetrics
 from .middleware import APIKeyGuard, BodyLimit, StatusCounter
 from .runtime import Runtime
 from .schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -83,8 +83,9 @@ def create_app(config: ServerConfig, load: Callable[[ServingMetrics], Runtime],
         return {"status": "ok"}
 
     @app.get("/metrics")
-    async def prometheus():
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+    async def prometheus(raw: Request):
+        body, content_type = metrics.render(raw.headers.get("accept", ""))
+        return Response(body, headers={"Content-Type": content_type})
 
     @app.get("/v1/models")
     async def models(rt: Runtime = runtime) -> ModelList:

@@ -88,7 +88,7 @@ class RequestRecord:
             return
         self.closed = True
         latency = time.perf_counter() - self.started
-        self.metrics.requests.inc(1, self.endpoint, finish_reason)
+        self.metrics.requests.labels(self.endpoint, finish_reason).inc()
         self.metrics.latency.observe(latency)
         log.info("%s %s prompt_tokens=%d completion_tokens=%d forwards=%d latency=%.3fs finish=%s",
                  self.request_id, self.endpoint, self.prompt_tokens, completion_tokens, forwards, latency,

@@ -34,14 +34,14 @@ class StatusCounter:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                self.metrics.http_responses.inc(1, str(message["status"]))
+                self.metrics.http_responses.labels(str(message["status"])).inc()
             await send(message)
 
         try:
             await self.app(scope, receive, counting_send)
         except Exception:
             if not started:  # the outermost (Starlette) layer answers it with a 500
-                self.metrics.http_responses.inc(1, "500")
+                self.metrics.http_responses.labels("500").inc()
             raise
 
 
