@@ -12,7 +12,7 @@ import time
 from .errors import APIError, body_timeout, too_large, unauthorized
 from .metrics import ServingMetrics
 
-PROTECTED_PREFIXES = ("/v1/", "/metrics")
+PROTECTED_PREFIXES = ("/v1/", "/metrics", "/tokenize", "/detokenize")
 
 
 async def _send_error(scope, receive, send, error: APIError) -> None:
@@ -46,7 +46,8 @@ class StatusCounter:
 
 
 class APIKeyGuard:
-    """Requires `Authorization: Bearer <key>` on /v1/ routes and /metrics; compares in constant time."""
+    """Requires `Authorization: Bearer <key>` on /v1/ routes, /tokenize, /detokenize and /metrics;
+    compares in constant time."""
 
     def __init__(self, app, api_key: str | None):
         self.app = app
