@@ -1,7 +1,7 @@
 """OpenAI-compatible request and response bodies (the subset Clover serves, plus its extensions).
 
 Unknown request fields are ignored, as OpenAI-compatible servers do; fields Clover cannot honour
-(streamed `n > 1` or `logprobs`, image content parts, a `response_format` other than text, ...) are refused
+(image content parts, a `response_format` other than text, ...) are refused
 with a 400 naming them. Types are strict, as OpenAI's: `max_tokens: "5"` or `true` is refused, not
 coerced; NaN and infinities are refused; a string holding a lone UTF-16 surrogate is refused.
 """
@@ -279,7 +279,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None  # those of the tokens this chunk carries, when asked for
 
 
 class ChatCompletionChunk(_CompletionObject):

@@ -127,7 +127,7 @@ def test_client_disconnect_mid_stream(server):
     aborted = aborts(app, "chat")
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2000,
-            "block_size": 2, "threshold": 1.0, "stream": True}
+            "block_size": 2, "threshold": 1.0, "stream": True, "n": 2}  # both choices are freed
     conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200
@@ -135,7 +135,7 @@ def test_client_disconnect_mid_stream(server):
     conn.sock.close()
     conn.close()
     deadline = time.time() + 30
-    while engine.scheduler.num_running or aborts(app, "chat") == aborted:
+    while engine.scheduler.num_running or aborts(app, "chat") < aborted + 2:
         assert time.time() < deadline, "the server kept decoding for a client that left"
         time.sleep(0.05)
     assert chat(client, "hello", max_tokens=4).choices[0].finish_reason in ("stop", "length")
