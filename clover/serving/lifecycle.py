@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import aclosing
 
 from fastapi import Request
 
@@ -188,14 +189,15 @@ async def event_stream(choices: list[StreamedChoice], closing: Callable[[], Iter
         for choice in choices:
             for chunk in choice.opening():
                 yield sse(chunk)
-        async for choice, out in merged_outputs(choices):
-            choice.last = out
-            if out.error:
-                yield sse({"error": internal().body()["error"]})
-                yield DONE
-                return
-            for chunk in choice.render(out):
-                yield sse(chunk)
+        async with aclosing(merged_outputs(choices)) as merged:  # its pumps end with the stream
+            async for choice, out in merged:
+                choice.last = out
+                if out.error:
+                    yield sse({"error": internal().body()["error"]})
+                    yield DONE
+                    return
+                for chunk in choice.render(out):
+                    yield sse(chunk)
         for chunk in closing():
             yield sse(chunk)
         yield DONE

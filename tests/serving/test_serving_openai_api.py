@@ -190,3 +190,7 @@ def test_metrics_and_request_log(server, caplog):
         assert name in text, name
     forwards = next(line for line in text.splitlines() if line.startswith("clover_forward_passes_total "))
     assert float(forwards.split()[1]) > 0
+    conn.request("GET", "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    resp = conn.getresponse()
+    assert resp.getheader("content-type").startswith("application/openmetrics-text")
+    assert resp.read().decode().endswith("# EOF\n")
