@@ -87,7 +87,7 @@ def main() -> None:
     warm_engine = make_engine(model, tok)
     drive(warm_engine, [("a", system + words_ok(words(16)))], cfg)
     warm = drive(warm_engine, [("q", system + question)], cfg)["q"][0]
-    hit = warm_engine.metrics.prefix_hit_tokens.value()
+    hit = warm_engine.metrics.value("clover_prefix_cache_hit_tokens_total")
     print(f"prefix cache: {args.system}-token shared prefix, first block cold {1e3 * cold:.0f} ms, "
           f"warm {1e3 * warm:.0f} ms, ratio {warm / cold:.2f} ({hit:.0f} prompt tokens from the cache)")
 

@@ -5,8 +5,8 @@
          -d '{"model": "clover", "messages": [{"role": "user", "content": "Hi"}]}'
 
 The port opens at once; until the model is loaded, /health and /v1 answer 503. One log line per
-request (id, tokens, forwards, latency); metrics at /metrics (behind the API key when one is set);
-/docs only with --docs. Slow or idle connections are closed (--head-timeout, --body-timeout,
+request (id, tokens, forwards, latency); metrics at /metrics; vLLM's /tokenize and /detokenize
+(these, like /v1, behind the API key when one is set); /docs only with --docs. Slow or idle connections are closed (--head-timeout, --body-timeout,
 --keep-alive-timeout, --max-connections). SIGTERM drains running requests for up to
 --shutdown-timeout seconds, then exits 0.
 """
@@ -25,7 +25,8 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("CLOVER_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $CLOVER_API_KEY, else none)")
+                   help="require 'Authorization: Bearer KEY' on /v1, /tokenize, /detokenize and /metrics "
+                        "(default: $CLOVER_API_KEY, else none)")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: dir name)")
     p.add_argument("--max-batch-size", type=int, default=32, help="requests decoded together")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 429")

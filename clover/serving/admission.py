@@ -34,15 +34,9 @@ def check_model(name: str, config: ServerConfig) -> None:
 MAX_CHOICES = 64  # n: choices decoded for one request (each is an engine request of its own)
 
 
-def refuse_unsupported(req: SamplingFields, top_logprobs: int | None) -> None:
+def refuse_unsupported(req: SamplingFields) -> None:
     if req.n > MAX_CHOICES:
         raise bad_request(f"n={req.n} is more than this server's {MAX_CHOICES} choices per request", "n")
-    if req.stream and req.n != 1:
-        raise bad_request(f"n={req.n} with stream=true is not supported (stream one choice, or leave "
-                          "stream off for several)", "n")
-    if req.stream and top_logprobs is not None:
-        raise bad_request("logprobs with stream=true are not supported; leave stream off to get them",
-                          "logprobs")
 
 
 def _overrides(req: SamplingFields, max_tokens: int | None) -> dict:
@@ -59,7 +53,7 @@ def submit(runtime: Runtime, req: SamplingFields, prompt: Prompt, max_tokens: in
     """Resolve settings, check the prompt against the model, and queue one engine request per
     choice (`n`; choice i samples with seed + i when a seed is given). `top_logprobs`: None, or
     the alternatives reported with each token's logprob; `prompt_logprobs`: the prompt tokens' too."""
-    refuse_unsupported(req, top_logprobs)
+    refuse_unsupported(req)
     try:
         cfg = request_config(runtime.defaults, _overrides(req, max_tokens), runtime.vocab_size)
         if max_tokens is None:  # fill the context up to the checkpoint's default budget

@@ -1,9 +1,9 @@
 """The HTTP app: thin FastAPI routes over the runtime (engine, tokenizer, defaults).
 
 `create_app(config, load)` returns at once; `load(metrics)` builds the `Runtime` in a background
-thread at startup, and until it returns `/health` and every /v1 route answer 503 (loading).
-With an API key, /v1 and /metrics need it (/health does not); /docs and /openapi.json exist only
-with `config.docs`.
+thread at startup, and until it returns `/health` and every model route answer 503 (loading).
+With an API key, /v1, /tokenize, /detokenize and /metrics need it (/health does not); /docs and
+/openapi.json exist only with `config.docs`.
 """
 
 import logging
@@ -18,10 +18,12 @@ from .admission import ServerConfig
 from .chat import create_chat_completion
 from .completions import create_completion
 from .errors import APIError, install_error_handlers, loading
-from .metrics import CONTENT_TYPE, ServingMetrics
+from .metrics import ServingMetrics
 from .middleware import APIKeyGuard, BodyLimit, StatusCounter
 from .runtime import Runtime
-from .schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from .schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse, ModelCard,
+                      ModelList, TokenizeRequest, TokenizeResponse)
+from .tokenize import create_detokenize, create_tokenize
 
 log = logging.getLogger("clover.serve")
 
@@ -83,8 +85,9 @@ def create_app(config: ServerConfig, load: Callable[[ServingMetrics], Runtime],
         return {"status": "ok"}
 
     @app.get("/metrics")
-    async def prometheus():
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+    async def prometheus(raw: Request):
+        body, content_type = metrics.render(raw.headers.get("accept", ""))
+        return Response(body, headers={"Content-Type": content_type})
 
     @app.get("/v1/models")
     async def models(rt: Runtime = runtime) -> ModelList:
@@ -97,6 +100,14 @@ def create_app(config: ServerConfig, load: Callable[[ServingMetrics], Runtime],
     @app.post("/v1/completions")
     async def completions(raw: Request, req: CompletionRequest, rt: Runtime = runtime):
         return await create_completion(raw, req, rt, config)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest, rt: Runtime = runtime) -> TokenizeResponse:
+        return await create_tokenize(req, rt, config)
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest, rt: Runtime = runtime) -> DetokenizeResponse:
+        return await create_detokenize(req, rt, config)
 
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, timeout_s=config.body_timeout_s)
     app.add_middleware(APIKeyGuard, api_key=config.api_key)

@@ -1,7 +1,7 @@
 """`POST /v1/chat/completions`: one response (`n` choices, optional logprobs), or an SSE stream with a
-chunk per committed block."""
+chunk per committed block of each choice (its logprobs with it), the choices interleaved by `index`."""
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -10,13 +10,13 @@ from starlette.concurrency import run_in_threadpool
 from .admission import ServerConfig, check_model, submit
 from .async_engine import RequestStream
 from .errors import bad_request
-from .lifecycle import RequestRecord, event_stream, final_outputs, usage
-from .logprobs import MAX_TOP_LOGPROBS, chat_logprobs
+from .lifecycle import RequestRecord, StreamedChoice, event_stream, final_outputs, usage
+from .logprobs import MAX_TOP_LOGPROBS, Cursor, chat_logprobs
 from .output import ChatParts, ChatView, ResponseText
 from .prompts import Prompt, chat_prompt
 from .runtime import Runtime
 from .schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-                      ChatCompletionRequest, ChatDelta, ToolCallDelta)
+                      ChatCompletionRequest, ChatDelta, ChatLogprobs, ToolCallDelta)
 from .sequence import RequestOutput
 
 
@@ -44,13 +44,7 @@ async def create_chat_completion(raw: Request, req: ChatCompletionRequest, rt: R
     prompt = await run_in_threadpool(chat_prompt, rt.tokenizer, req, rt.max_model_len)  # off the loop
     queued = submit(rt, req, prompt, req.max_completion_tokens or req.max_tokens, "chatcmpl", top)
     if req.stream:
-        stream, request = queued[0]
-        record = RequestRecord(rt.engine.metrics, "chat", request.request_id, len(prompt.ids))
-        text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())
-        view = ChatView(prompt.think_opened, prompt.parse_tools)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        events = chat_events(stream, prompt, text, view, record, req.model, include_usage)
-        return StreamingResponse(events, media_type="text/event-stream")
+        return _stream(req, rt, prompt, queued, top)
     texts, lasts = await final_outputs(raw, queued, rt.tokenizer, req.stop_list(), "chat", rt.engine.metrics,
                                        len(prompt.ids))
     choices = [_choice(i, prompt, text, last, rt.tokenizer, top) for i, (text, last) in enumerate(zip(texts, lasts))]
@@ -72,9 +66,10 @@ def _choice(index: int, prompt: Prompt, text: ResponseText, last: RequestOutput,
                       logprobs=logprobs)
 
 
-def _chunk(request_id: str, model: str, delta: ChatDelta, finish_reason: str | None = None) -> dict:
-    chunk = ChatCompletionChunk(id=request_id, model=model, choices=[
-        ChatChunkChoice(delta=delta, finish_reason=finish_reason)]).model_dump()
+def _chunk(response_id: str, model: str, index: int, delta: ChatDelta, finish_reason: str | None = None,
+           logprobs: ChatLogprobs | None = None) -> dict:
+    chunk = ChatCompletionChunk(id=response_id, model=model, choices=[
+        ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)]).model_dump()
     chunk["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
     del chunk["usage"]
     return chunk
@@ -86,24 +81,50 @@ def _tool_call_deltas(parts: ChatParts) -> list[ToolCallDelta]:
             for i, c in enumerate(parts.tool_calls)]
 
 
-def chat_events(stream: RequestStream, prompt: Prompt, text: ResponseText, view: ChatView,
-                record: RequestRecord, model: str, include_usage: bool) -> AsyncIterator[str]:
-    rid = stream.request.request_id
+class ChatStreamChoice(StreamedChoice):
+    """One streamed chat choice: a role chunk, then per committed block a delta (reasoning, content,
+    and tool calls once final) with the logprobs of the tokens it carries, then a finish chunk."""
 
-    def render(out: RequestOutput) -> Iterator[dict]:
-        final = out.finished
-        d_reason, d_content, parts = view.delta(prompt.forced_prefix + text.safe(final), final)
+    def __init__(self, index: int, stream: RequestStream, request, prompt: Prompt, rt: Runtime,
+                 req: ChatCompletionRequest, response_id: str, top: int | None):
+        text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())
+        super().__init__(index, stream, text, RequestRecord(rt.engine.metrics, "chat", request.request_id,
+                                                            len(prompt.ids)))
+        self.prompt, self.tokenizer, self.top = prompt, rt.tokenizer, top
+        self.response_id, self.model = response_id, req.model
+        self.view = ChatView(prompt.think_opened, prompt.parse_tools)
+        self.cursor = Cursor()
+
+    def _chunk(self, delta: ChatDelta, finish_reason: str | None = None, logprobs: ChatLogprobs | None = None):
+        return _chunk(self.response_id, self.model, self.index, delta, finish_reason, logprobs)
+
+    def opening(self) -> list[dict]:
+        return [self._chunk(ChatDelta(role="assistant", content=""))]
+
+    def render(self, out: RequestOutput) -> Iterator[dict]:
+        final, text = out.finished, self.text
+        safe = text.safe(final)
+        d_reason, d_content, parts = self.view.delta(self.prompt.forced_prefix + safe, final)
         calls = _tool_call_deltas(parts) if final and parts.tool_calls else None
+        logprobs = None if self.top is None else chat_logprobs(self.tokenizer, text.token_ids, text.logprobs,
+                                                               text.eos_ids, safe, self.top, self.cursor)
         quiet = "" if not (d_reason or calls) else None  # an empty chunk still marks the block
         delta = ChatDelta(content=d_content or quiet, reasoning_content=d_reason or None, tool_calls=calls)
-        if d_content or d_reason or calls or not final:
-            yield _chunk(rid, model, delta)
+        if d_content or d_reason or calls or not final or (logprobs is not None and logprobs.content):
+            yield self._chunk(delta, logprobs=logprobs)
         if final:
-            yield _chunk(rid, model, ChatDelta(), _finish_reason(parts, out.finish_reason))
-            if include_usage:
-                yield ChatCompletionChunk(id=rid, model=model, choices=[], usage=usage(prompt, text)).model_dump()
+            yield self._chunk(ChatDelta(), _finish_reason(parts, out.finish_reason))
 
-    def opening() -> list[dict]:
-        return [_chunk(rid, model, ChatDelta(role="assistant", content=""))]
 
-    return event_stream(stream, text, record, opening, render)
+def _stream(req: ChatCompletionRequest, rt: Runtime, prompt: Prompt, queued: list, top: int | None):
+    response_id = queued[0][1].request_id
+    choices = [ChatStreamChoice(i, stream, request, prompt, rt, req, response_id, top)
+               for i, (stream, request) in enumerate(queued)]
+
+    def closing() -> list[dict]:
+        if not (req.stream_options and req.stream_options.include_usage):
+            return []
+        return [ChatCompletionChunk(id=response_id, model=req.model, choices=[],
+                                    usage=usage(prompt, *(c.text for c in choices))).model_dump()]
+
+    return StreamingResponse(event_stream(choices, closing), media_type="text/event-stream")

@@ -1,6 +1,7 @@
-"""`POST /v1/completions`: raw-prompt text completion, one response or an SSE stream."""
+"""`POST /v1/completions`: raw-prompt text completion, one response (`n` choices, optional logprobs)
+or an SSE stream of every choice's committed blocks (their logprobs with them), interleaved by `index`."""
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -9,12 +10,12 @@ from starlette.concurrency import run_in_threadpool
 from .admission import ServerConfig, check_model, submit
 from .async_engine import RequestStream
 from .errors import bad_request
-from .lifecycle import RequestRecord, event_stream, final_outputs, usage
-from .logprobs import MAX_TOP_LOGPROBS, completion_logprobs
+from .lifecycle import RequestRecord, StreamedChoice, event_stream, final_outputs, usage
+from .logprobs import MAX_TOP_LOGPROBS, Cursor, completion_logprobs
 from .output import ResponseText
 from .prompts import Prompt, completion_prompt
 from .runtime import Runtime
-from .schemas import Completion, CompletionChoice, CompletionRequest
+from .schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from .sequence import RequestOutput
 
 
@@ -29,12 +30,7 @@ async def create_completion(raw: Request, req: CompletionRequest, rt: Runtime, c
     queued = submit(rt, req, prompt, req.max_tokens, "cmpl", top, prompt_logprobs=req.echo and top is not None)
     echo = (prompt.text or rt.tokenizer.decode(prompt.ids, skip_special_tokens=False)) if req.echo else ""
     if req.stream:
-        stream, request = queued[0]
-        record = RequestRecord(rt.engine.metrics, "completions", request.request_id, len(prompt.ids))
-        text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(completion_events(stream, prompt, text, record, req.model, include_usage, echo),
-                                 media_type="text/event-stream")
+        return _stream(req, rt, prompt, queued, top, echo)
     texts, lasts = await final_outputs(raw, queued, rt.tokenizer, req.stop_list(), "completions", rt.engine.metrics,
                                        len(prompt.ids))
     choices = []
@@ -57,23 +53,56 @@ def _top_logprobs(req: CompletionRequest) -> int | None:
     return req.logprobs
 
 
-def _chunk(request_id: str, model: str, text: str, finish_reason: str | None = None) -> dict:
-    chunk = Completion(id=request_id, model=model,
-                       choices=[CompletionChoice(text=text, finish_reason=finish_reason)]).model_dump()
+def _chunk(response_id: str, model: str, index: int, text: str, finish_reason: str | None = None,
+           logprobs: CompletionLogprobs | None = None) -> dict:
+    chunk = Completion(id=response_id, model=model, choices=[
+        CompletionChoice(index=index, text=text, finish_reason=finish_reason, logprobs=logprobs)]).model_dump()
     del chunk["usage"]
     return chunk
 
 
-def completion_events(stream: RequestStream, prompt: Prompt, text: ResponseText, record: RequestRecord,
-                      model: str, include_usage: bool, echo: str) -> AsyncIterator[str]:
-    rid, sent = stream.request.request_id, ""
+class CompletionStreamChoice(StreamedChoice):
+    """One streamed completion choice: with its first block the `echo`ed prompt (and the prompt's
+    logprobs, when asked), then per committed block its new text with the logprobs of its tokens."""
 
-    def render(out: RequestOutput) -> Iterator[dict]:
-        nonlocal sent
-        safe = text.safe(out.finished)
-        delta, sent = safe[len(sent):], safe
-        yield _chunk(rid, model, delta, out.finish_reason if out.finished else None)
-        if out.finished and include_usage:
-            yield Completion(id=rid, model=model, choices=[], usage=usage(prompt, text)).model_dump()
+    def __init__(self, index: int, stream: RequestStream, request, prompt: Prompt, rt: Runtime,
+                 req: CompletionRequest, response_id: str, top: int | None, echo: str):
+        text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())
+        super().__init__(index, stream, text, RequestRecord(rt.engine.metrics, "completions", request.request_id,
+                                                            len(prompt.ids)))
+        self.prompt, self.tokenizer, self.top, self.echo = prompt, rt.tokenizer, top, echo
+        self.response_id, self.model = response_id, req.model
+        self.sent, self.cursor, self.echoed = "", Cursor(), False
 
-    return event_stream(stream, text, record, lambda: [_chunk(rid, model, echo)] if echo else [], render)
+    def _logprobs(self, text: str, final: bool, prompt_logprobs: list | None = None) -> CompletionLogprobs | None:
+        """Those of the response tokens that start in `text` past the cursor (none with text ""),
+        after those of the prompt when `prompt_logprobs` are given."""
+        if self.top is None:
+            return None
+        t = self.text
+        return completion_logprobs(self.tokenizer, t.token_ids, t.logprobs, t.eos_ids, text, self.top, self.echo,
+                                   self.prompt.ids, prompt_logprobs, self.cursor, final)
+
+    def render(self, out: RequestOutput) -> Iterator[dict]:
+        if self.echo and not self.echoed:  # the prompt's logprobs come with the first output
+            self.echoed = True
+            yield _chunk(self.response_id, self.model, self.index, self.echo,
+                         logprobs=self._logprobs("", False, self.text.prompt_logprobs))
+        safe = self.text.safe(out.finished)
+        delta, self.sent = safe[len(self.sent):], safe
+        yield _chunk(self.response_id, self.model, self.index, delta, out.finish_reason if out.finished else None,
+                     self._logprobs(safe, out.finished))
+
+
+def _stream(req: CompletionRequest, rt: Runtime, prompt: Prompt, queued: list, top: int | None, echo: str):
+    response_id = queued[0][1].request_id
+    choices = [CompletionStreamChoice(i, stream, request, prompt, rt, req, response_id, top, echo)
+               for i, (stream, request) in enumerate(queued)]
+
+    def closing() -> list[dict]:
+        if not (req.stream_options and req.stream_options.include_usage):
+            return []
+        return [Completion(id=response_id, model=req.model, choices=[],
+                           usage=usage(prompt, *(c.text for c in choices))).model_dump()]
+
+    return StreamingResponse(event_stream(choices, closing), media_type="text/event-stream")

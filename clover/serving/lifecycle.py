@@ -1,12 +1,13 @@
 """What every generation request shares after admission: draining engine outputs with stop
-strings, noticing a client that went away, SSE framing and its error handling, and the one log
-line per request."""
+strings, noticing a client that went away, SSE framing of one or several choices and its error
+handling, and the one log line per engine request."""
 
 import asyncio
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import aclosing
 
 from fastapi import Request
 
@@ -35,13 +36,15 @@ def usage(prompt: Prompt, *texts: ResponseText) -> Usage:
 
 async def outputs(stream: RequestStream, text: ResponseText) -> AsyncIterator[RequestOutput]:
     """Engine outputs with their tokens folded into `text`; ends at the last one, or at a stop
-    string (then the engine request is aborted and the output marked finished with "stop")."""
+    string (then the engine request is aborted and the output marked finished with "stop", also
+    when the stop string is only found in the last block)."""
     async for out in stream:
         text.add(out.new_token_ids, final=out.finished, logprobs=out.new_logprobs)
         if out.prompt_logprobs is not None:
             text.prompt_logprobs = out.prompt_logprobs
         if text.stopped and not out.finished:
             stream.abort()
+        if text.stopped and out.finish_reason in (None, "length"):
             out.finish_reason = "stop"
         yield out
         if out.finished:
@@ -88,7 +91,7 @@ class RequestRecord:
             return
         self.closed = True
         latency = time.perf_counter() - self.started
-        self.metrics.requests.inc(1, self.endpoint, finish_reason)
+        self.metrics.requests.labels(self.endpoint, finish_reason).inc()
         self.metrics.latency.observe(latency)
         log.info("%s %s prompt_tokens=%d completion_tokens=%d forwards=%d latency=%.3fs finish=%s",
                  self.request_id, self.endpoint, self.prompt_tokens, completion_tokens, forwards, latency,
@@ -126,32 +129,83 @@ async def final_outputs(raw: Request, queued: list, tokenizer, stop: list[str], 
     return texts, list(lasts)
 
 
-async def event_stream(stream: RequestStream, text: ResponseText, record: RequestRecord,
-                       opening: Callable[[], Iterable[dict]],
-                       render: Callable[[RequestOutput], Iterable[dict]]) -> AsyncIterator[str]:
-    """A streamed request's SSE events: the chunks of `opening()`, those of `render(out)` for each
-    engine output, then `[DONE]`. An engine error or an exception ends the stream in OpenAI's error
-    shape; in every case the engine request is aborted at the end and the request recorded once."""
-    rid, last = stream.request.request_id, None
+class StreamedChoice:
+    """One choice of a streamed request: its engine stream, its text so far, its record and its
+    last output. Each endpoint says what chunks it opens with (`opening`) and what one engine
+    output of it becomes (`render`), keeping whatever it has sent so far on the instance."""
+
+    def __init__(self, index: int, stream: RequestStream, text: ResponseText, record: RequestRecord):
+        self.index, self.stream, self.text, self.record = index, stream, text, record
+        self.last: RequestOutput | None = None
+
+    def opening(self) -> Iterable[dict]:
+        return ()
+
+    def render(self, out: RequestOutput) -> Iterable[dict]:
+        raise NotImplementedError
+
+    def close(self, failed: bool = False) -> None:
+        """Abort the engine request (harmless once finished) and record it once: by its finish
+        reason, else as "error" when the stream failed, else "abort" (the client left)."""
+        self.stream.abort()
+        last = self.last
+        reason = last.finish_reason if last is not None and last.finished else ("error" if failed else "abort")
+        self.record.close(len(self.text.token_ids), last.num_forwards if last else 0, reason)
+
+
+async def merged_outputs(choices: list[StreamedChoice]) -> AsyncIterator[tuple[StreamedChoice, RequestOutput]]:
+    """Every choice's engine outputs (folded into its text) in the order they arrive, until each
+    choice has had its last one."""
+    arrivals: asyncio.Queue = asyncio.Queue()
+
+    async def pump(choice: StreamedChoice) -> None:
+        try:
+            async for out in outputs(choice.stream, choice.text):
+                arrivals.put_nowait((choice, out, None))
+        except Exception as e:  # noqa: BLE001 - raised again in the consumer
+            arrivals.put_nowait((choice, None, e))
+
+    pumps = [asyncio.ensure_future(pump(choice)) for choice in choices]
     try:
-        for chunk in opening():
-            yield sse(chunk)
-        async for last in outputs(stream, text):
-            if last.error:
-                yield sse({"error": internal().body()["error"]})
-                yield DONE
-                return
-            for chunk in render(last):
+        running = len(choices)
+        while running:
+            choice, out, error = await arrivals.get()
+            if error is not None:
+                raise error
+            running -= out.finished
+            yield choice, out
+    finally:
+        for task in pumps:
+            task.cancel()
+
+
+async def event_stream(choices: list[StreamedChoice], closing: Callable[[], Iterable[dict]]) -> AsyncIterator[str]:
+    """A streamed request's SSE events: every choice's `opening()` chunks, the `render(out)` chunks
+    of each engine output as it arrives (the choices interleaved), once all have finished the
+    chunks of `closing()`, then `[DONE]`. An engine error or an exception ends the stream in
+    OpenAI's error shape; in every case each engine request is aborted at the end and recorded once."""
+    failed = False
+    try:
+        for choice in choices:
+            for chunk in choice.opening():
                 yield sse(chunk)
-            if last.finished:
-                yield DONE
+        async with aclosing(merged_outputs(choices)) as merged:  # its pumps end with the stream
+            async for choice, out in merged:
+                choice.last = out
+                if out.error:
+                    yield sse({"error": internal().body()["error"]})
+                    yield DONE
+                    return
+                for chunk in choice.render(out):
+                    yield sse(chunk)
+        for chunk in closing():
+            yield sse(chunk)
+        yield DONE
     except Exception:  # noqa: BLE001 - end the stream in OpenAI's error shape, never a traceback
-        log.exception("stream of %s failed", rid)
-        record.close(len(text.token_ids), last.num_forwards if last else 0, "error")
+        log.exception("stream of %s failed", choices[0].stream.request.request_id)
+        failed = True
         yield sse({"error": internal().body()["error"]})
         yield DONE
     finally:
-        stream.abort()
-        reason = last.finish_reason if last is not None and last.finished else "abort"
-        record.close(len(text.token_ids), last.num_forwards if last else 0, reason)
-
+        for choice in choices:
+            choice.close(failed)

@@ -12,7 +12,7 @@ import time
 from .errors import APIError, body_timeout, too_large, unauthorized
 from .metrics import ServingMetrics
 
-PROTECTED_PREFIXES = ("/v1/", "/metrics")
+PROTECTED_PREFIXES = ("/v1/", "/metrics", "/tokenize", "/detokenize")
 
 
 async def _send_error(scope, receive, send, error: APIError) -> None:
@@ -34,19 +34,20 @@ class StatusCounter:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                self.metrics.http_responses.inc(1, str(message["status"]))
+                self.metrics.http_responses.labels(str(message["status"])).inc()
             await send(message)
 
         try:
             await self.app(scope, receive, counting_send)
         except Exception:
             if not started:  # the outermost (Starlette) layer answers it with a 500
-                self.metrics.http_responses.inc(1, "500")
+                self.metrics.http_responses.labels("500").inc()
             raise
 
 
 class APIKeyGuard:
-    """Requires `Authorization: Bearer <key>` on /v1/ routes and /metrics; compares in constant time."""
+    """Requires `Authorization: Bearer <key>` on /v1/ routes, /tokenize, /detokenize and /metrics;
+    compares in constant time."""
 
     def __init__(self, app, api_key: str | None):
         self.app = app

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .errors import bad_request
 from .output import think_opened
-from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
+from .schemas import ChatMessage, ChatPromptFields, CompletionRequest, NamedToolChoice
 from .tool_parser import CALL_START
 
 NORMALIZATION_SLACK = 4
@@ -56,7 +56,7 @@ def _content_bytes(m: ChatMessage) -> int:
     return sum(len((p.text or "").encode("utf-8")) for p in m.content or [])
 
 
-def _check_parts(req: ChatCompletionRequest) -> None:
+def _check_parts(req: ChatPromptFields) -> None:
     for i, m in enumerate(req.messages):
         for j, part in enumerate(m.content if isinstance(m.content, list) else []):
             where = f"messages.{i}.content.{j}"
@@ -72,7 +72,7 @@ def _template_parameters(tokenizer) -> set[str]:
     return {n for n, p in signature.parameters.items() if p.kind is not p.VAR_KEYWORD}
 
 
-def _template_kwargs(tokenizer, req: ChatCompletionRequest) -> dict:
+def _template_kwargs(tokenizer, req: ChatPromptFields) -> dict:
     kwargs = dict(req.chat_template_kwargs or {})
     reserved = sorted(set(kwargs) & (_template_parameters(tokenizer) | {"messages", "chat_template"}))
     if reserved:
@@ -95,13 +95,13 @@ def _message_dict(m: ChatMessage) -> dict:
     return out
 
 
-def _thinking(req: ChatCompletionRequest) -> bool | None:
+def _thinking(req: ChatPromptFields) -> bool | None:
     if req.enable_thinking is not None:
         return req.enable_thinking
     return (req.chat_template_kwargs or {}).get("enable_thinking")
 
 
-def _forced_prefix(req: ChatCompletionRequest) -> str:
+def _forced_prefix(req: ChatPromptFields) -> str:
     choice = req.tool_choice
     if choice == "required":
         return CALL_START + "\n"
@@ -113,7 +113,10 @@ def _forced_prefix(req: ChatCompletionRequest) -> str:
     return ""
 
 
-def chat_prompt(tokenizer, req: ChatCompletionRequest, max_model_len: int) -> Prompt:
+def chat_prompt(tokenizer, req: ChatPromptFields, max_model_len: int, add_generation_prompt: bool = True,
+                continue_final_message: bool = False) -> Prompt:
+    """The rendered and tokenized chat; `add_generation_prompt` / `continue_final_message` are
+    the template's switches (`/tokenize` exposes them; chat completions open a new assistant turn)."""
     use_tools = bool(req.tools) and req.tool_choice != "none"
     if req.tool_choice not in (None, "none", "auto") and not req.tools:
         raise bad_request("tool_choice requires 'tools'", "tool_choice")
@@ -127,7 +130,9 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_model_len: int) -> Pr
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if use_tools else None
     try:
         text = tokenizer.apply_chat_template([_message_dict(m) for m in req.messages], tools=tools,
-                                             add_generation_prompt=True, tokenize=False, **kwargs)
+                                             add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=continue_final_message, tokenize=False,
+                                             **kwargs)
     except Exception as e:  # noqa: BLE001 - template errors are the request's fault
         raise bad_request(f"the messages could not be rendered with the chat template: {e}", "messages")
     forced = _forced_prefix(req) if use_tools else ""
@@ -148,6 +153,11 @@ def completion_prompt(tokenizer, req: CompletionRequest, max_model_len: int) -> 
                               "supported; send one request per prompt", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        _check_size(len(prompt.encode("utf-8")), max_prompt_bytes(tokenizer, max_model_len), "prompt")
-        return Prompt(tokenizer.encode(prompt, add_special_tokens=False), prompt)
+        return Prompt(text_ids(tokenizer, prompt, max_model_len), prompt)
     return Prompt(list(prompt), "")
+
+
+def text_ids(tokenizer, text: str, max_model_len: int, add_special_tokens: bool = False) -> list[int]:
+    """The ids of a raw text prompt, refused by its size first when it cannot fit the context."""
+    _check_size(len(text.encode("utf-8")), max_prompt_bytes(tokenizer, max_model_len), "prompt")
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)

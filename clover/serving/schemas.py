@@ -1,7 +1,7 @@
 """OpenAI-compatible request and response bodies (the subset Clover serves, plus its extensions).
 
 Unknown request fields are ignored, as OpenAI-compatible servers do; fields Clover cannot honour
-(streamed `n > 1` or `logprobs`, image content parts, a `response_format` other than text, ...) are refused
+(image content parts, a `response_format` other than text, ...) are refused
 with a 400 naming them. Types are strict, as OpenAI's: `max_tokens: "5"` or `true` is refused, not
 coerced; NaN and infinities are refused; a string holding a lone UTF-16 surrogate is refused.
 """
@@ -151,16 +151,21 @@ class SamplingFields(_Request):
         return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatPromptFields(_Request):
+    """What the chat template renders (chat completions and `/tokenize` with `messages`)."""
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    top_logprobs: int | None = None
     enable_thinking: bool | None = None  # Clover extension
     # vLLM's convention: extra template variables, plain values only (client templates are refused
     # when the prompt is built)
     chat_template_kwargs: dict[str, PlainValue] | None = None
+
+
+class ChatCompletionRequest(SamplingFields, ChatPromptFields):
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    top_logprobs: int | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -168,6 +173,33 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(default=None, le=INT32_MAX)
+
+
+class TokenizeRequest(ChatPromptFields):
+    """vLLM's `/tokenize`: a `prompt` (tokenized as is) or chat `messages` (rendered with the chat
+    template, as chat completions render them), exactly one of the two."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_generation_prompt: bool = True  # messages only
+    continue_final_message: bool = False  # messages only: leave the last (assistant) message open
+    add_special_tokens: bool | None = None  # None: vLLM's default, true for a prompt, false for messages
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' (text) and 'messages' (a chat)")
+        if self.add_generation_prompt and self.continue_final_message and self.messages is not None:
+            raise ValueError("'continue_final_message' and 'add_generation_prompt' cannot both be true "
+                             "(set add_generation_prompt to false to continue the last message)")
+        return self
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int]
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -247,7 +279,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None  # those of the tokens this chunk carries, when asked for
 
 
 class ChatCompletionChunk(_CompletionObject):
@@ -280,3 +312,14 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str

@@ -172,3 +172,65 @@ def test_n_choices_are_the_single_requests_with_seeds_seed_plus_i(client):
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], n=2,
                                           max_tokens=6, seed=1, logprobs=True)
     assert [c.index for c in chat.choices] == [0, 1] and all(c.logprobs.content is not None for c in chat.choices)
+
+
+def test_streamed_chat_logprobs_put_together_are_the_non_streamed_ones(client):
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "hello world"}], max_tokens=16, temperature=0,
+                logprobs=True, top_logprobs=3, extra_body={"block_size": 4})
+    whole = client.chat.completions.create(**body).choices[0]
+    chunks = list(client.chat.completions.create(**body, stream=True))
+    carrying = [ch.logprobs.content for c in chunks for ch in c.choices if ch.logprobs and ch.logprobs.content]
+    assert len(carrying) > 1  # one chunk per block: the logprobs come in pieces
+    streamed = [entry for content in carrying for entry in content]
+    content = [entry for c in chunks for ch in c.choices if ch.delta.content for entry in [ch.delta.content]]
+    assert "".join(content) == whole.message.content
+    expected = whole.logprobs.content
+    assert len(expected) > 4 and [e.token for e in streamed] == [e.token for e in expected]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in expected], abs=1e-5)
+    assert [[t.token for t in e.top_logprobs] for e in streamed] == [[t.token for t in e.top_logprobs]
+                                                                     for e in expected]
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason and chunks[-1].choices[0].logprobs is None
+
+
+def test_streamed_completion_logprobs_with_echo_and_a_stop_string(client):
+    plain = client.completions.create(model=MODEL, prompt="The quick brown", max_tokens=16, temperature=0,
+                                      extra_body={"block_size": 4}).choices[0].text
+    stop = plain[len(plain) // 2:len(plain) // 2 + 2]
+    body = dict(model=MODEL, prompt="The quick brown", max_tokens=16, temperature=0, logprobs=2, echo=True,
+                stop=[stop], extra_body={"block_size": 4})
+    whole = client.completions.create(**body).choices[0]
+    chunks = list(client.completions.create(**body, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    assert whole.text.startswith("The quick brown") and whole.finish_reason == "stop"
+    parts = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
+    assert len(parts) > 2  # the echo's, then one per block
+    assert parts[0].token_logprobs[0] is None and "".join(parts[0].tokens) == "The quick brown"  # the echo
+    for field in ("tokens", "top_logprobs", "text_offset"):
+        assert [x for p in parts for x in getattr(p, field)] == getattr(whole.logprobs, field), field
+    streamed = [x for p in parts for x in p.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(whole.logprobs.token_logprobs[1:], abs=1e-5)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_streamed_n_choices_are_the_non_streamed_ones(client, endpoint):
+    common = dict(model=MODEL, n=2, seed=11, max_tokens=12, temperature=1.0, extra_body={"block_size": 4})
+    if endpoint == "chat":
+        create, body = client.chat.completions.create, dict(messages=[{"role": "user", "content": "hi"}], **common)
+        piece = lambda ch: ch.delta.content or ""  # noqa: E731
+        final = lambda ch: ch.message.content  # noqa: E731
+    else:
+        create, body = client.completions.create, dict(prompt="hello", **common)
+        piece = final = lambda ch: ch.text  # noqa: E731
+    whole = create(**body)
+    chunks = list(create(**body, stream=True, stream_options={"include_usage": True}))
+    texts, finished = {0: "", 1: ""}, {}
+    for chunk in chunks[:-1]:
+        assert chunk.id == chunks[0].id and chunk.usage is None
+        for ch in chunk.choices:
+            assert ch.index not in finished, "a chunk after its choice finished"
+            texts[ch.index] += piece(ch)
+            if ch.finish_reason:
+                finished[ch.index] = ch.finish_reason
+    assert [texts[i] for i in (0, 1)] == [final(c) for c in whole.choices] and texts[0] != texts[1]
+    assert [finished[i] for i in (0, 1)] == [c.finish_reason for c in whole.choices]
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == whole.usage.model_dump()

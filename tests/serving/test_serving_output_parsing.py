@@ -85,16 +85,23 @@ def test_stream_deltas_add_up_to_final_parts():
         assert [c.function.name for c in parts.tool_calls] == ["f"]
 
 
-def test_metrics_text_format():
-    m = ServingMetrics()
-    m.requests.inc(1, "chat", "stop")
+def test_metrics_exposition_and_one_registry_per_app():
+    m, other = ServingMetrics(), ServingMetrics()  # two apps in one process: no name collision
+    m.requests.labels("chat", "stop").inc()
     m.latency.observe(0.3)
     m.queue_depth.set(3)
-    text = m.render()
-    assert '# TYPE clover_requests_total counter' in text
-    assert 'clover_requests_total{endpoint="chat",finish_reason="stop"} 1' in text
-    assert 'clover_request_latency_seconds_bucket{le="0.25"} 0' in text
-    assert 'clover_request_latency_seconds_bucket{le="0.5"} 1' in text
-    assert 'clover_request_latency_seconds_bucket{le="+Inf"} 1' in text
-    assert "clover_request_latency_seconds_count 1" in text
-    assert "clover_queue_depth 3" in text
+    text, content_type = m.render()
+    text = text.decode()
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    assert "# TYPE clover_requests_total counter" in text
+    assert 'clover_requests_total{endpoint="chat",finish_reason="stop"} 1.0' in text
+    assert 'clover_request_latency_seconds_bucket{le="0.25"} 0.0' in text
+    assert 'clover_request_latency_seconds_bucket{le="0.5"} 1.0' in text
+    assert 'clover_request_latency_seconds_bucket{le="+Inf"} 1.0' in text
+    assert "clover_request_latency_seconds_count 1.0" in text
+    assert "clover_queue_depth 3.0" in text
+    assert m.value("clover_requests_total", endpoint="chat", finish_reason="stop") == 1
+    assert other.value("clover_requests_total", endpoint="chat", finish_reason="stop") == 0
+    assert "clover_queue_depth 0.0" in other.render()[0].decode()
+    open_metrics, content_type = m.render("application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text") and open_metrics.endswith(b"# EOF\n")

@@ -53,13 +53,13 @@ def test_a_prefix_hit_gives_the_same_tokens(model, tok):
     cold = run(engine(model, tok, 0), [("b", second)])["b"]
     warm_engine = engine(model, tok, 64)
     run(warm_engine, [("a", first)])
-    assert warm_engine.metrics.prefix_hit_tokens.value() == 0
+    assert warm_engine.metrics.value("clover_prefix_cache_hit_tokens_total") == 0
     assert run(warm_engine, [("b", second)])["b"] == cold
     shared = next(i for i, (x, y) in enumerate(zip(first, second)) if x != y)
-    hit = warm_engine.metrics.prefix_hit_tokens.value()
+    hit = warm_engine.metrics.value("clover_prefix_cache_hit_tokens_total")
     assert hit == shared // 8 * 8 > 0  # whole pages of the shared prefix
-    assert warm_engine.metrics.prefix_miss_tokens.value() == len(first) + len(second) - hit
-    assert "clover_prefix_cache_hit_tokens_total" in warm_engine.metrics.render()
+    assert warm_engine.metrics.value("clover_prefix_cache_miss_tokens_total") == len(first) + len(second) - hit
+    assert "clover_prefix_cache_hit_tokens_total" in warm_engine.metrics.render()[0].decode()
 
 
 @torch.no_grad()
@@ -97,10 +97,10 @@ def test_step_budget_lets_a_short_request_finish_during_a_long_prefill(model, to
     eng.submit(EngineRequest("short", short_prompt, cfg), sink)
     with torch.inference_mode():
         while eng.scheduler.num_running or eng.scheduler.num_waiting:
-            before = eng.metrics.prompt_tokens.value()
+            before = eng.metrics.value("clover_prompt_tokens_total")
             eng.step()
-            assert eng.metrics.prompt_tokens.value() - before <= 8  # the step budget
+            assert eng.metrics.value("clover_prompt_tokens_total") - before <= 8  # the step budget
             steps[0] += 1
     assert done_at["short"] < len(long_prompt) // 16  # finished before half the long prompt was fed
     assert done_at["short"] < done_at["long"]
-    assert eng.metrics.prompt_tokens.value() == len(long_prompt) + len(short_prompt)
+    assert eng.metrics.value("clover_prompt_tokens_total") == len(long_prompt) + len(short_prompt)
