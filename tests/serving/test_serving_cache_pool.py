@@ -66,7 +66,7 @@ def test_pool_gives_the_stacked_twins_tokens(model, tok):
     eng = engine(model, tok, True)
     pooled = drive(eng, schedule)
     assert pooled == drive(engine(model, tok, False), schedule)
-    assert eng.metrics.prefix_hit_tokens.value() > 0  # later SYSTEM prompts start from cached pages
+    assert eng.metrics.value("clover_prefix_cache_hit_tokens_total") > 0  # later SYSTEM prompts start from cached pages
     assert all(reason in ("stop", "length") and tokens for tokens, reason, _ in pooled.values())
     alone = {}
     for request in schedule[1::3]:  # batch independence: the same tokens with nobody beside it
