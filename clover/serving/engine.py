@@ -152,7 +152,7 @@ class Engine:
         seq.admitted_at = time.perf_counter()
         self.metrics.queue_time.observe(seq.admitted_at - seq.request.arrival)
         seq.decoder = RowDecoder.start(self.model, seq.request.prompt_ids, seq.params,
-                                          seq.request.top_logprobs)
+                                       seq.request.top_logprobs, seq.request.grammar)
         if seq.request.prompt_logprobs:
             seq.prompt_logprobs = prompt_logprobs(self.model, seq.request.prompt_ids, seq.request.top_logprobs or 0,
                                                   self.config.scheduler.prefill_chunk)
