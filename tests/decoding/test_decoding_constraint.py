@@ -115,17 +115,3 @@ def test_self_spec_and_mismatched_rows_are_refused(random_model, tok, zones):
         random_model.generate(ids, mode="self_spec", max_new_tokens=8, grammar_constraints=[zones.constraint()])
     with pytest.raises(ValueError, match="2 entries for 1 prompt rows"):
         random_model.generate(ids, max_new_tokens=8, grammar_constraints=[zones.constraint()] * 2)
-
-
-def test_json_object_from_the_embedded_model(tok):
-    """The trained embedded model answers an airspace prompt inside the json_object grammar."""
-    from clover.data import get_task
-    from clover.loading import load_model
-    model = load_model(clover.default_model_dir())
-    grammar = response_format_grammar(tok, model.config.vocab_size, {"type": "json_object"})
-    notices = get_task("airspace").generate(seed=7, split="eval").prompt
-    prompt = tok.apply_chat_template([{"role": "user", "content": notices}], tokenize=False,
-                                     add_generation_prompt=True, enable_thinking=False)
-    out, text = decode(model, tok, prompt, grammar, max_new_tokens=256, block_size=32, threshold=0.95)
-    assert out.rows[0].stop_reason == "eos", text
-    assert isinstance(json.loads(text), dict)
