@@ -9,7 +9,9 @@ the output inside the schema.
 
     OMP_NUM_THREADS=1 nice -n 19 python benchmarks/grammar_libraries.py [--write]
 
-`--write` replaces the "Structured output: grammar libraries" section of BENCHMARKS.md.
+`--write` replaces the "Structured output: grammar libraries" section of BENCHMARKS.md. Only llguidance
+is a dependency; for the others: `pip install xgrammar==0.2.8 outlines-core==0.2.14` (xgrammar pulls
+triton; `pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2` is enough on a CPU).
 """
 
 import argparse

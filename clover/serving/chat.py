@@ -55,7 +55,8 @@ async def create_chat_completion(raw: Request, req: ChatCompletionRequest, rt: R
     grammar = await run_in_threadpool(output_grammar, rt, req)
     if grammar is not None:
         _refuse_grammar_conflicts(prompt)
-    queued = submit(rt, req, prompt, req.max_completion_tokens or req.max_tokens, "chatcmpl", top, grammar)
+    queued = submit(rt, req, prompt, req.max_completion_tokens or req.max_tokens, "chatcmpl", top,
+                    grammar=grammar)
     if req.stream:
         stream, request = queued[0]
         record = RequestRecord(rt.engine.metrics, "chat", request.request_id, len(prompt.ids))
