@@ -9,11 +9,14 @@ from .confidence import predict_with_confidence
 from .controls import ControlContext, apply_processors, last_marker_state, think_markers, token_counts
 from .decode_batch import DecodeBatch, forward, prefill, start_batch
 from .events import BlockEvent, DoneEvent, RunLog, StepEvent
+from .generation_constraint import choose
 
 
 def next_token(logits: torch.Tensor, batch: DecodeBatch, position: int, cfg, processors, mask_id,
-               generator=None) -> torch.Tensor:
-    """logits [A, 1, V] of the next position -> tokens [A, 1]."""
+               generator=None, constraints: list | None = None) -> torch.Tensor:
+    """logits [A, 1, V] of the next position -> tokens [A, 1]. `constraints`: None, or a grammar
+    constraint (or None) per original row: a constrained row chooses among the allowed tokens (a
+    left-to-right run of one) and its constraint advances past the token."""
     logits = logits.float()
     logits[..., mask_id] = float("-inf")
     positions = torch.tensor([position], device=logits.device)
@@ -22,6 +25,11 @@ def next_token(logits: torch.Tensor, batch: DecodeBatch, position: int, cfg, pro
                                                                   rows=batch.rows))
     tokens, _ = predict_with_confidence(logits, cfg.do_sample, cfg.temperature, cfg.top_k, cfg.top_p,
                                         generator)
+    for i, row in enumerate(batch.rows if constraints is not None else []):
+        if constraints[row] is not None:
+            tokens[i, 0] = choose(logits[i, 0], constraints[row], list(cfg.eos_token_id), cfg, generator)[0]
+            if int(tokens[i, 0]) not in cfg.eos_token_id:
+                constraints[row].advance(int(tokens[i, 0]))
     return tokens
 
 
@@ -33,7 +41,7 @@ def append_history(batch: DecodeBatch, tokens: torch.Tensor, cfg) -> None:
         batch.think_open = last_marker_state(markers, batch.think_open)
 
 
-def autoregressive_steps(model, input_ids, attention_mask, cfg, processors, generator=None):
+def autoregressive_steps(model, input_ids, attention_mask, cfg, processors, generator=None, constraints=None):
     """Yield a `StepEvent` and a `BlockEvent` per row for every token, then a `DoneEvent`.
     The prefill's last logit gives the first token, so n tokens cost n forwards after the
     prefill chunks before the last."""
@@ -43,7 +51,7 @@ def autoregressive_steps(model, input_ids, attention_mask, cfg, processors, gene
     batch = start_batch(model, input_ids, attention_mask, cfg)
     logits = prefill(model, batch, input_ids, attention_mask, cfg, log, last_is_prefill=False)
     for n in range(cfg.max_new_tokens):
-        tokens = next_token(logits, batch, n, cfg, processors, mask_id, generator)
+        tokens = next_token(logits, batch, n, cfg, processors, mask_id, generator, constraints)
         yield StepEvent(list(batch.rows), n, tokens, torch.ones_like(tokens, dtype=torch.bool))
         log.write(batch.rows, n, tokens)
         is_eos = torch.isin(tokens[:, 0], eos).tolist()

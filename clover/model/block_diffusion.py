@@ -20,6 +20,7 @@ from .confidence import predict_with_confidence
 from .controls import (ControlContext, apply_processors, last_marker_state, slot_think_open, think_markers,
                        token_counts)
 from .decode_batch import DecodeBatch, forward, prefill, start_batch
+from .generation_constraint import commit_run
 from .events import BlockEvent, DoneEvent, RunLog, StepEvent
 
 
@@ -58,12 +59,14 @@ def denoise_columns(block: torch.Tensor, limit: int, mask_id: int) -> torch.Tens
 
 def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, start: int, limit: int,
                  cfg, processors: list, mask_id: int, generator=None,
-                 columns: torch.Tensor | None = None) -> DenoiseResult:
+                 columns: torch.Tensor | None = None, constraints: list | None = None) -> DenoiseResult:
     """One low-confidence step on the blocks [A, B], given the logits [A, K, V] of block positions
     `columns` [K] (default: all B; a position outside `columns` is never filled).
 
     Fills every masked position before `limit` whose confidence exceeds the threshold, or else the
-    single most confident one (so every step advances)."""
+    single most confident one (so every step advances). `constraints`: None, or one grammar
+    constraint (or None) per original batch row; a constrained row fills a left-to-right run
+    instead (`generation_constraint.commit_run`)."""
     if columns is None:
         columns = torch.arange(block.shape[1], device=block.device)
     masked = block == mask_id
@@ -82,7 +85,23 @@ def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, 
     new_block, filled = block.clone(), torch.zeros_like(masked)
     new_block[:, columns] = torch.where(fill, tokens, sub_block)
     filled[:, columns] = fill
+    if constraints is not None:
+        constrain_rows(logits, block, new_block, filled, batch, limit, cfg, mask_id, generator,
+                       columns.tolist(), constraints)
     return DenoiseResult(new_block, filled)
+
+
+def constrain_rows(logits, block, new_block, filled, batch: DecodeBatch, limit: int, cfg, mask_id: int,
+                   generator, columns: list[int], constraints: list) -> None:
+    """Replace the step of every constrained row by its left-to-right run (in place)."""
+    eos = list(cfg.eos_token_id)
+    for i, row in enumerate(batch.rows):
+        if constraints[row] is None:
+            continue
+        run = commit_run(logits[i], block[i], columns, limit, mask_id, constraints[row], eos, cfg, generator)
+        new_block[i], filled[i] = block[i], False
+        for position, token in run.items():
+            new_block[i, position], filled[i, position] = token, True
 
 
 def block_status(block: torch.Tensor, limit: int, mask_id: int, eos: torch.Tensor) -> BlockStatus:
@@ -147,9 +166,10 @@ def settle_rows(log: RunLog, batch: DecodeBatch, block, status: BlockStatus, wai
     return keep
 
 
-def block_diffusion_steps(model, input_ids, attention_mask, cfg, processors, generator=None):
+def block_diffusion_steps(model, input_ids, attention_mask, cfg, processors, generator=None, constraints=None):
     """Yield a `StepEvent` per denoising forward, a `BlockEvent` per finished block of a row and,
-    last, a `DoneEvent` with the `GenerateOutput`."""
+    last, a `DoneEvent` with the `GenerateOutput`. `constraints`: None, or a grammar constraint (or
+    None) per row."""
     mask_id, size = model.config.mask_token_id, cfg.block_size
     eos = torch.tensor(cfg.eos_token_id, dtype=torch.long, device=input_ids.device)
     num_blocks = -(-cfg.max_new_tokens // size)
@@ -165,7 +185,7 @@ def block_diffusion_steps(model, input_ids, attention_mask, cfg, processors, gen
             log.rows[row].steps_per_block.append(0)
         while True:
             step = denoise_step(logits, block, batch, start, limit, cfg, processors, mask_id, generator,
-                                columns)
+                                columns, constraints)
             block = step.block
             yield StepEvent(list(batch.rows), k, block, step.filled)
             status = block_status(block, limit, mask_id, eos)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from clover.model.generation_config import validate_prompt
+from clover.structured import GrammarError, response_format_grammar
 
 from .async_engine import RequestStream
 from .cache_pool import CacheCapacityError
@@ -47,12 +48,22 @@ def _overrides(req: SamplingFields, max_tokens: int | None) -> dict:
                 repetition_penalty=req.repetition_penalty)
 
 
+def output_grammar(runtime: Runtime, req: SamplingFields):
+    """The compiled `response_format` grammar (None for free text); a bad one is a 400 that names
+    the problem. Compiling can take a while for a large schema: call it off the event loop."""
+    try:
+        return response_format_grammar(runtime.tokenizer, runtime.vocab_size, req.response_format)
+    except GrammarError as e:
+        raise bad_request(str(e), e.param) from None
+
+
 def submit(runtime: Runtime, req: SamplingFields, prompt: Prompt, max_tokens: int | None,
            prefix: str, top_logprobs: int | None = None,
-           prompt_logprobs: bool = False) -> list[tuple[RequestStream, EngineRequest]]:
+           prompt_logprobs: bool = False, grammar=None) -> list[tuple[RequestStream, EngineRequest]]:
     """Resolve settings, check the prompt against the model, and queue one engine request per
     choice (`n`; choice i samples with seed + i when a seed is given). `top_logprobs`: None, or
-    the alternatives reported with each token's logprob; `prompt_logprobs`: the prompt tokens' too."""
+    the alternatives reported with each token's logprob; `prompt_logprobs`: the prompt tokens' too.
+    `grammar`: `output_grammar`'s; each choice decodes with its own matcher."""
     refuse_unsupported(req)
     try:
         cfg = request_config(runtime.defaults, _overrides(req, max_tokens), runtime.vocab_size)
@@ -75,7 +86,7 @@ def submit(runtime: Runtime, req: SamplingFields, prompt: Prompt, max_tokens: in
     for i in range(req.n):
         seed = None if req.seed is None else req.seed + i
         request = EngineRequest(first_id if i == 0 else f"{first_id}-{i}", prompt.ids, cfg, seed, top_logprobs,
-                                prompt_logprobs)
+                                prompt_logprobs, grammar)
         try:
             queued.append((runtime.async_engine.generate(request), request))
         except QueueFullError as e:

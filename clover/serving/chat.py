@@ -7,7 +7,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from .admission import ServerConfig, check_model, submit
+from .admission import ServerConfig, check_model, output_grammar, submit
 from .async_engine import RequestStream
 from .errors import bad_request
 from .lifecycle import RequestRecord, StreamedChoice, event_stream, final_outputs, usage
@@ -22,6 +22,16 @@ from .sequence import RequestOutput
 
 def _finish_reason(parts: ChatParts, engine_reason: str) -> str:
     return "tool_calls" if parts.tool_calls else engine_reason
+
+
+def _refuse_grammar_conflicts(prompt: Prompt) -> None:
+    """The grammar constrains the whole response, so it cannot start inside <think> or a forced tool call."""
+    if prompt.think_opened:
+        raise bad_request("response_format with thinking on is not supported: the response would start "
+                          "inside <think>; send enable_thinking=false", "response_format")
+    if prompt.forced_prefix:
+        raise bad_request("response_format together with a forced tool call (tool_choice) is not supported",
+                          "response_format")
 
 
 def _top_logprobs(req: ChatCompletionRequest) -> int | None:
@@ -42,7 +52,11 @@ async def create_chat_completion(raw: Request, req: ChatCompletionRequest, rt: R
     check_model(req.model, cfg)
     top = _top_logprobs(req)
     prompt = await run_in_threadpool(chat_prompt, rt.tokenizer, req, rt.max_model_len)  # off the loop
-    queued = submit(rt, req, prompt, req.max_completion_tokens or req.max_tokens, "chatcmpl", top)
+    grammar = await run_in_threadpool(output_grammar, rt, req)
+    if grammar is not None:
+        _refuse_grammar_conflicts(prompt)
+    queued = submit(rt, req, prompt, req.max_completion_tokens or req.max_tokens, "chatcmpl", top,
+                    grammar=grammar)
     if req.stream:
         return _stream(req, rt, prompt, queued, top)
     texts, lasts = await final_outputs(raw, queued, rt.tokenizer, req.stop_list(), "chat", rt.engine.metrics,

@@ -7,7 +7,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from .admission import ServerConfig, check_model, submit
+from .admission import ServerConfig, check_model, output_grammar, submit
 from .async_engine import RequestStream
 from .errors import bad_request
 from .lifecycle import RequestRecord, StreamedChoice, event_stream, final_outputs, usage
@@ -27,7 +27,9 @@ async def create_completion(raw: Request, req: CompletionRequest, rt: Runtime, c
         raise bad_request(f"best_of={req.best_of} is not supported (only 1)", "best_of")
     top = _top_logprobs(req)
     prompt = await run_in_threadpool(completion_prompt, rt.tokenizer, req, rt.max_model_len)  # off the loop
-    queued = submit(rt, req, prompt, req.max_tokens, "cmpl", top, prompt_logprobs=req.echo and top is not None)
+    grammar = await run_in_threadpool(output_grammar, rt, req)
+    queued = submit(rt, req, prompt, req.max_tokens, "cmpl", top, prompt_logprobs=req.echo and top is not None,
+                    grammar=grammar)
     echo = (prompt.text or rt.tokenizer.decode(prompt.ids, skip_special_tokens=False)) if req.echo else ""
     if req.stream:
         return _stream(req, rt, prompt, queued, top, echo)

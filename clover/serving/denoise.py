@@ -49,10 +49,11 @@ class RowDecoder:
     top_logprobs: int | None = None  # None: no logprobs; else alternatives reported per token
     recorder: LastLogits | None = None
     block_logprobs: dict[int, TokenLogprob] | None = None  # block position -> its fill-time logprob
+    constraint: object = None  # the response_format's grammar matcher (None: free text)
 
     @classmethod
-    def start(cls, model, prompt_ids: list[int], cfg: DecodeConfig,
-              top_logprobs: int | None = None) -> "RowDecoder":
+    def start(cls, model, prompt_ids: list[int], cfg: DecodeConfig, top_logprobs: int | None = None,
+              grammar=None) -> "RowDecoder":
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
         history = start_batch(model, ids, torch.ones_like(ids), cfg)
         eos = torch.tensor(cfg.eos_token_id, dtype=torch.long, device=model.device)
@@ -60,13 +61,17 @@ class RowDecoder:
         if top_logprobs is not None:
             recorder = LastLogits()
             processors = processors + [recorder]
-        return cls(cfg, processors, history, eos, model.config.mask_token_id, top_logprobs, recorder, {})
+        constraint = None if grammar is None else grammar.constraint()
+        return cls(cfg, processors, history, eos, model.config.mask_token_id, top_logprobs, recorder, {},
+                   constraint)
 
     def step(self, logits: torch.Tensor, block: torch.Tensor, start: int, limit: int,
              generator: torch.Generator | None) -> torch.Tensor:
-        """logits [B, V], block [B] -> the block after one denoising step (positions < limit)."""
+        """logits [B, V], block [B] -> the block after one denoising step (positions < limit); with
+        a grammar, a left-to-right run (`clover.model.generation_constraint`)."""
+        constraints = None if self.constraint is None else [self.constraint]
         new, filled = denoise_step(logits[None], block[None], self.history, start, limit, self.cfg,
-                                   self.processors, self.mask_token_id, generator)
+                                   self.processors, self.mask_token_id, generator, constraints=constraints)
         if self.recorder is not None:
             self._record(new[0], filled[0])
         return new[0]

@@ -176,7 +176,8 @@ class Engine:
         seq.admitted_at = time.perf_counter()
         self.metrics.queue_time.observe(seq.admitted_at - seq.request.arrival)
         prompt = seq.request.prompt_ids
-        seq.decoder = RowDecoder.start(self.model, prompt, seq.params, seq.request.top_logprobs)
+        seq.decoder = RowDecoder.start(self.model, prompt, seq.params, seq.request.top_logprobs,
+                                       seq.request.grammar)
         if seq.request.prompt_logprobs:
             seq.prompt_logprobs = prompt_logprobs(self.model, prompt, seq.request.top_logprobs or 0,
                                                   self.config.scheduler.prefill_chunk)

@@ -1,8 +1,9 @@
 """OpenAI-compatible request and response bodies (the subset Clover serves, plus its extensions).
 
 Unknown request fields are ignored, as OpenAI-compatible servers do; fields Clover cannot honour
-(image content parts, a `response_format` other than text, ...) are refused
-with a 400 naming them. Types are strict, as OpenAI's: `max_tokens: "5"` or `true` is refused, not
+(image content parts, ...) are refused with a 400 naming them.
+`response_format` (`text`, `json_object`, `json_schema`) is checked and compiled by `clover.structured`
+when the request is admitted. Types are strict, as OpenAI's: `max_tokens: "5"` or `true` is refused, not
 coerced; NaN and infinities are refused; a string holding a lone UTF-16 surrogate is refused.
 """
 
@@ -10,7 +11,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -135,14 +136,6 @@ class SamplingFields(_Request):
     # Clover extensions
     block_size: int | None = Field(default=None, le=INT32_MAX)
     threshold: float | None = None
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
-            raise ValueError(f"response_format type {value.get('type')!r} is not supported by this server "
-                             "(only {'type': 'text'})")
-        return value
 
     def stop_list(self) -> list[str]:
         """The stop strings; empty ones (`stop: ""`) stop nothing and are dropped."""

@@ -41,6 +41,7 @@ class EngineRequest:
     seed: int | None = None
     top_logprobs: int | None = None  # report each token's logprob and this many alternatives (None: off)
     prompt_logprobs: bool = False  # also the prompt tokens' (with `top_logprobs` alternatives), once
+    grammar: object = None  # `clover.structured.Grammar` of the response_format (None: free text)
     arrival: float = field(default_factory=time.perf_counter)
 
 

@@ -115,9 +115,10 @@ def test_unsupported_content_and_response_format_are_refused(server, stream):
     refused(server, "/v1/chat/completions", body, "messages.0.content.1.type", stream, "image_url")
     body = chat_body(messages=[{"role": "user", "content": [{"type": "text"}]}])
     refused(server, "/v1/chat/completions", body, "messages.0.content.0.text", stream)
-    for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x"}}, {}):
-        refused(server, "/v1/chat/completions", chat_body(response_format=fmt), "response_format", stream)
-        refused(server, "/v1/completions", completion_body(response_format=fmt), "response_format", stream)
+    for fmt, param in (({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema.schema"),
+                       ({}, "response_format.type"), ({"type": "xml"}, "response_format.type")):
+        refused(server, "/v1/chat/completions", chat_body(response_format=fmt), param, stream)
+        refused(server, "/v1/completions", completion_body(response_format=fmt), param, stream)
     assert post(server, "/v1/chat/completions", chat_body(response_format={"type": "text"}), stream)[0] == 200
     parts = chat_body(messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
     assert post(server, "/v1/chat/completions", parts, stream)[0] == 200
