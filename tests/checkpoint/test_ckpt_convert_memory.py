@@ -53,5 +53,4 @@ def test_convert_holds_about_one_shard(tmp_path):
     assert (tmp_path / "out" / "model.safetensors.index.json").is_file()
     # one 20 MB output shard at a time, whose tensors map pages of one or two 20 MB source shards (RSS
     # counts them): 0.43x here; a conversion that held the whole checkpoint would be over 1x
-    # far below the whole checkpoint and the 1.2x bound
     assert grew < 0.7 * size, f"converting a {size / 1e6:.0f} MB checkpoint grew RSS by {grew / 1e6:.0f} MB"
