@@ -15,7 +15,10 @@ Weight bytes a call reads: every parameter of the token mixer (GDN or attention)
 shared expert and its gate, and the routed experts it hits (distinct experts with nonzero weight over
 all tokens of the call, counted by a hook) at 3 x 512 x 2048 bf16 each; the head reads the whole
 lm_head; the embedding only its rows. Limit = bytes / bandwidth, with the bandwidth of a plain copy
-of a `--copy-gib` tensor (bytes read + bytes written per second, median of 5).
+of a `--copy-gib` tensor (bytes read + bytes written per second), timed between the steps so that
+it sees the same machine load. Times are CPU time of this process (wall time in brackets): on a
+shared core a niced benchmark gets a fraction of the wall clock, and its CPU time is what the step
+costs on the core (memory stalls included).
 
 The slice's random router (std 0.02) routes near-uniformly; like `forward.py`, the router weights are
 redrawn with std 2/sqrt(hidden) (peaked, as in trained routers) unless `--keep-router`. The 40-layer
@@ -39,38 +42,57 @@ BLOCK = 32
 FULL_LAYERS = {"linear_attention": 30, "full_attention": 10}  # the released 40-layer model
 
 
-def copy_bandwidth(gib: float, runs: int = 5) -> float:
-    """Bytes moved (read + written) per second by `dst.copy_(src)` of a `gib` GiB tensor."""
-    src = torch.ones(int(gib * 2**30), dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(runs + 1):
-        start = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - start)
-    return 2 * src.nbytes / statistics.median(times[1:])
+def clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def since(start: tuple[float, float]) -> tuple[float, float]:
+    """(wall, CPU) seconds since `start`."""
+    now = clocks()
+    return now[0] - start[0], now[1] - start[1]
+
+
+class CopyProbe:
+    """A plain copy of a `gib` GiB tensor, timed between the steps so that it sees the same load."""
+
+    def __init__(self, gib: float):
+        self.src = torch.ones(int(gib * 2**30), dtype=torch.uint8)
+        self.dst = torch.empty_like(self.src)
+        self.seconds = []  # (wall, CPU) per run
+
+    def run(self) -> None:
+        start = clocks()
+        self.dst.copy_(self.src)
+        self.seconds.append(since(start))
+
+    def bandwidth(self, clock: int) -> float:
+        """Bytes moved (read + written) per second of wall (clock 0) or CPU (1) time, median over
+        the runs after the first."""
+        return 2 * self.src.nbytes / statistics.median(s[clock] for s in self.seconds[1:])
 
 
 class UnitProbe:
-    """Forward hooks: seconds per unit (embed, layer i, head) and distinct experts per layer."""
+    """Forward hooks: (wall, CPU) seconds per unit (embed, layer i, final norm + head) and distinct
+    experts per layer."""
 
     def __init__(self, model: CloverMoeForCausalLM):
         self.units = {"embed": model.model.embed_tokens, "head": model.lm_head,
                       **{f"layer {i}": layer for i, layer in enumerate(model.model.layers)}}
         self.seconds, self.experts, self._start = {}, {}, {}
         for name, unit in self.units.items():
-            unit.register_forward_pre_hook(lambda m, a, name=name: self._start.__setitem__(name, time.perf_counter()))
+            unit.register_forward_pre_hook(lambda m, a, name=name: self._start.__setitem__(name, clocks()))
             unit.register_forward_hook(lambda m, a, o, name=name: self.seconds.__setitem__(
-                name, time.perf_counter() - self._start[name]))
+                name, since(self._start[name])))
         for i, layer in enumerate(model.model.layers):
             layer.mlp.experts.register_forward_pre_hook(lambda m, a, i=i: self.experts.__setitem__(
                 f"layer {i}", a[1].experts[a[1].weights > 0].unique().numel()))
-        model.model.norm.register_forward_pre_hook(lambda m, a: self._start.__setitem__("norm", time.perf_counter()))
+        model.model.norm.register_forward_pre_hook(lambda m, a: self._start.__setitem__("norm", clocks()))
 
     def take(self) -> tuple[dict, dict]:
         # the final norm runs right before the head: count it with the head
         seconds = dict(self.seconds)
-        seconds["head"] += self._start["head"] - self._start["norm"]
+        norm_to_head = [n - h for n, h in zip(self._start["head"], self._start["norm"])]
+        seconds["head"] = tuple(x + y for x, y in zip(seconds["head"], norm_to_head))
         out = seconds, dict(self.experts)
         self.seconds, self.experts = {}, {}
         return out
@@ -127,62 +149,66 @@ def steps(model: CloverMoeForCausalLM, context: int, seed: int = 1) -> dict:
     }
 
 
-def measure(model, probe: UnitProbe, cases: dict, repeats: int, warmup: int) -> dict:
-    """name -> {"total": ms, "units": {unit: ms}, "experts": {layer: n}} (medians), runs interleaved."""
+def measure(probe: UnitProbe, copy: CopyProbe, cases: dict, repeats: int, warmup: int) -> dict:
+    """name -> {"total": (wall, CPU) ms, "units": {unit: (wall, CPU) ms}, "experts": {layer: n}}
+    (medians); the steps and the copy run interleaved."""
     runs = defaultdict(list)
     for i in range(warmup + repeats):
+        copy.run()
         for name, (run, make_cache, _) in cases.items():
             c = make_cache()
-            start = time.perf_counter()
+            start = clocks()
             run(c)
-            total = time.perf_counter() - start
+            total = since(start)
             seconds, experts = probe.take()
             if i >= warmup:
                 runs[name].append((total, seconds, experts))
-    out = {}
-    for name, rs in runs.items():
-        med = lambda xs: statistics.median(xs)
-        out[name] = {"total": med([r[0] for r in rs]) * 1e3,
-                     "units": {u: med([r[1][u] for r in rs]) * 1e3 for u in rs[0][1]},
-                     "experts": {u: med([r[2][u] for r in rs]) for u in rs[0][2]}}
-    return out
+    med = lambda pairs: tuple(statistics.median(p[j] for p in pairs) * 1e3 for j in (0, 1))
+    return {name: {"total": med([r[0] for r in rs]),
+                   "units": {u: med([r[1][u] for r in rs]) for u in rs[0][1]},
+                   "experts": {u: statistics.median(r[2][u] for r in rs) for u in rs[0][2]}}
+            for name, rs in runs.items()}
 
 
 def summarise(model, name: str, r: dict, tokens: int, bandwidth: float) -> dict:
-    """Per kind of unit: ms, distinct experts, bytes, limit ms; and the 40-layer extrapolation."""
+    """Per kind of unit: CPU and wall ms, distinct experts, bytes, limit ms; the slice's sums and the
+    40-layer extrapolation (of CPU ms, bytes and limit)."""
     kinds = {"embed": ["embed"], "head": ["head"]}
     for i, layer in enumerate(model.model.layers):
         kinds.setdefault(layer.kind, []).append(f"layer {i}")
     rows = {}
     for kind, units in kinds.items():
-        ms = statistics.mean(r["units"][u] for u in units)
-        experts = statistics.mean(r["experts"].get(u, 0) for u in units)
         nbytes = statistics.mean(weight_bytes(model, u, r["experts"].get(u, 0), tokens) for u in units)
-        rows[kind] = {"ms": ms, "experts": experts, "bytes": nbytes, "limit_ms": nbytes / bandwidth * 1e3}
+        rows[kind] = {"wall_ms": statistics.mean(r["units"][u][0] for u in units),
+                      "ms": statistics.mean(r["units"][u][1] for u in units),
+                      "experts": statistics.mean(r["experts"].get(u, 0) for u in units),
+                      "bytes": nbytes, "limit_ms": nbytes / bandwidth * 1e3}
     scale = {"embed": 1, "head": 1, **FULL_LAYERS}
-    full = {k: sum(scale[kind] * rows[kind][k] for kind in rows) for k in ("ms", "bytes", "limit_ms")}
-    slice_sum = {k: sum(rows[kind][k] * len(kinds[kind]) for kind in rows) for k in ("ms", "bytes", "limit_ms")}
+    keys = ("ms", "wall_ms", "bytes", "limit_ms")
+    full = {k: sum(scale[kind] * rows[kind][k] for kind in rows) for k in keys}
+    slice_sum = {k: sum(rows[kind][k] * len(kinds[kind]) for kind in rows) for k in keys}
     return {"name": name, "total": r["total"], "rows": rows, "slice": slice_sum, "full": full}
 
 
-def report(results: list[dict], bandwidth: float, threads: int, context: int) -> str:
-    lines = [f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write); threads {threads}; bf16; "
-             f"context {context} tokens", "",
-             "| step | unit | ms | distinct experts | weight MB read | limit ms | ms / limit |",
+def report(results: list[dict], copy: CopyProbe, threads: int, context: int) -> str:
+    wall_bw, cpu_bw = copy.bandwidth(0), copy.bandwidth(1)
+    lines = [f"copy bandwidth {cpu_bw / 1e9:.1f} GB/s of CPU time ({wall_bw / 1e9:.1f} GB/s of wall time), "
+             f"bytes read + written; threads {threads}; bf16; context {context} tokens. "
+             "ms = CPU time (wall in brackets); the limit uses the CPU-time bandwidth.", "",
+             "| step | unit | ms (wall) | distinct experts | weight MB read | limit ms | ms / limit |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for s in results:
         for kind, row in s["rows"].items():
             experts = f"{row['experts']:.1f}" if kind not in ("embed", "head") else "–"
-            lines.append(f"| {s['name']} | {kind} | {row['ms']:.1f} | {experts} | {row['bytes'] / 1e6:.0f} | "
-                         f"{row['limit_ms']:.1f} | {row['ms'] / row['limit_ms']:.2f} |")
-    ar = next(s for s in results if s["name"].startswith("AR"))
-    lines += ["", "| step | slice ms (hooks sum / wall) | 40 layers ms (extrapolated) | 40-layer GB read | "
-              "40-layer limit ms | ms / limit | / AR step (40 layers) |", "|---|---:|---:|---:|---:|---:|---:|"]
+            lines.append(f"| {s['name']} | {kind} | {row['ms']:.1f} ({row['wall_ms']:.1f}) | {experts} | "
+                         f"{row['bytes'] / 1e6:.0f} | {row['limit_ms']:.1f} | {row['ms'] / row['limit_ms']:.2f} |")
+    ar = results[0]["full"]["ms"]
+    lines += ["", "| step | slice ms (wall) | 40 layers ms, extrapolated (wall) | 40-layer GB read | "
+              "40-layer limit ms | ms / limit | / AR step |", "|---|---:|---:|---:|---:|---:|---:|"]
     for s in results:
         f = s["full"]
-        lines.append(f"| {s['name']} | {s['slice']['ms']:.0f} / {s['total']:.0f} | {f['ms']:.0f} | "
-                     f"{f['bytes'] / 1e9:.2f} | {f['limit_ms']:.0f} | {f['ms'] / f['limit_ms']:.2f} | "
-                     f"{f['ms'] / ar['full']['ms']:.2f} |")
+        lines.append(f"| {s['name']} | {s['total'][1]:.0f} ({s['total'][0]:.0f}) | {f['ms']:.0f} ({f['wall_ms']:.0f}) | "
+                     f"{f['bytes'] / 1e9:.2f} | {f['limit_ms']:.0f} | {f['ms'] / f['limit_ms']:.2f} | {f['ms'] / ar:.2f} |")
     return "\n".join(lines)
 
 
@@ -193,23 +219,22 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--copy-gib", type=float, default=1.0)
+    parser.add_argument("--copy-gib", type=float, default=0.5)
     parser.add_argument("--keep-router", action="store_true", help="keep the checkpoint's router weights")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    bandwidth = copy_bandwidth(args.copy_gib)
     model = CloverMoeForCausalLM.from_pretrained(args.checkpoint, dtype=torch.bfloat16)
     with torch.inference_mode():
         if not args.keep_router:
             torch.manual_seed(0)
             for layer in model.model.layers:
                 layer.mlp.gate.weight.normal_(0.0, 2.0 / model.config.hidden_size ** 0.5)
-        probe = UnitProbe(model)
+        probe, copy = UnitProbe(model), CopyProbe(args.copy_gib)
         cases = steps(model, args.context)
         probe.take()
-        results = measure(model, probe, cases, args.repeats, args.warmup)
-    summaries = [summarise(model, name, results[name], cases[name][2], bandwidth) for name in cases]
-    print(report(summaries, bandwidth, torch.get_num_threads(), args.context))
+        results = measure(probe, copy, cases, args.repeats, args.warmup)
+    summaries = [summarise(model, name, results[name], cases[name][2], copy.bandwidth(1)) for name in cases]
+    print(report(summaries, copy, torch.get_num_threads(), args.context))
 
 
 if __name__ == "__main__":
