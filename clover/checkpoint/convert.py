@@ -110,6 +110,19 @@ def _backbone_tensors(ckpt: CheckpointIndex, sources: dict, expected: dict, dtyp
     return pending
 
 
+def _with_progress(pending: dict[str, PendingTensor], desc: str, enabled: bool):
+    """(`pending` whose reads advance a byte progress bar on stderr, the bar: a context manager)."""
+    bar = logging.tqdm(total=sum(p.nbytes for p in pending.values()), desc=desc, unit="B", unit_scale=True,
+                       unit_divisor=1024, disable=not enabled)
+
+    def read(p: PendingTensor) -> torch.Tensor:
+        tensor = p.read()
+        bar.update(p.nbytes)
+        return tensor
+
+    return {k: PendingTensor(p.nbytes, lambda p=p: read(p)) for k, p in pending.items()}, bar
+
+
 def _output_dtype(requested, ckpt: CheckpointIndex, declared: str | None) -> torch.dtype:
     if requested in (None, "auto"):
         return checkpoint_dtype(ckpt, declared)
@@ -151,10 +164,11 @@ def check_destination(src: Path, dst: Path, overwrite: bool = False) -> None:
 
 
 def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions = ConvertOptions(),
-                       overwrite: bool = False) -> ConvertResult:
+                       overwrite: bool = False, progress: bool = False) -> ConvertResult:
     """Write the Clover checkpoint of `src` to `dst`. `dst` must be new or empty, or with `overwrite`
     a Clover checkpoint, which is replaced (`check_destination`). Raises FileNotFoundError or
-    ValueError (CheckpointError for a missing or misshapen tensor) before writing anything."""
+    ValueError (CheckpointError for a missing or misshapen tensor) before writing anything.
+    `progress`: a progress bar on stderr over the backbone bytes written."""
     src = Path(src)
     source = read_source_config(src)
     check_destination(src, Path(dst), overwrite)
@@ -184,8 +198,10 @@ def convert_checkpoint(src: str | Path, dst: str | Path, options: ConvertOptions
         tokenizer_files = copy_tokenizer(src, tmp, mask_id)  # first: it may refuse the mask id
         write_config(tmp, config, CloverMoeForCausalLM.__name__, dtype)
         write_generation_config(tmp, generation_settings(config, source.token_ids, src))
-        write_weights(tmp, _backbone_tensors(ckpt, plan.sources, expected, dtype, mask_id, mask_row),
-                      options.max_shard_size)
+        pending, bar = _with_progress(_backbone_tensors(ckpt, plan.sources, expected, dtype, mask_id, mask_row),
+                                      f"Converting {src.name}", progress)
+        with bar:
+            write_weights(tmp, pending, options.max_shard_size)
         write_block_files(tmp, block)
         copy_model_code(tmp)
     return ConvertResult(Path(dst), config, mask_row, dtype, tokenizer_files)

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
                              coreset=args.coreset, coreset_top_p=args.coreset_top_p,
                              max_shard_size=args.max_shard_size)
     with sigterm_raises():
-        result = convert_checkpoint(args.src, args.dst, options, overwrite=args.overwrite)
+        result = convert_checkpoint(args.src, args.dst, options, overwrite=args.overwrite, progress=True)
     c = result.config
     dtype = str(result.dtype).removeprefix("torch.")
     print(f"wrote {result.path}: vocab {c.vocab_size}, <|mask|> = {c.mask_token_id} ({result.mask_row}), "

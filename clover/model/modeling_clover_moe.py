@@ -16,6 +16,7 @@ from .attention import GatedAttention
 from .cache import CloverCache
 from .checkpoint_io import CheckpointMixin
 from .configuration_clover_moe import CloverMoeConfig
+from .cpu_kernels import matmul_kernels
 from .gated_delta_net import GatedDeltaNet
 from .generation import BlockDiffusionGenerationMixin
 from .moe import SparseMoeBlock
@@ -155,11 +156,13 @@ class CloverMoeForCausalLM(CheckpointMixin, BlockDiffusionGenerationMixin, Clove
             past_key_values = self.new_cache()
         enabled = self.config.moe_block_coreset_enabled if use_coreset is None else use_coreset
         top_p = (coreset_top_p or self.config.moe_block_coreset_top_p) if enabled else None
-        hidden, experts = self.model(input_ids, attention_mask, past_key_values, block_len,
-                                     position_ids, top_p)
-        if isinstance(logits_to_keep, torch.Tensor):  # positions of the input (transformers' convention)
-            hidden = hidden[:, logits_to_keep.to(hidden.device)]
-        elif logits_to_keep:
-            hidden = hidden[:, -logits_to_keep:]
-        return CloverOutput(logits=self.lm_head(hidden), past_key_values=past_key_values,
-                            distinct_experts=experts)
+        weight = self.lm_head.weight
+        with matmul_kernels(input_ids.numel(), weight.dtype, weight.device):  # one token: the GEMV kernel
+            hidden, experts = self.model(input_ids, attention_mask, past_key_values, block_len,
+                                         position_ids, top_p)
+            if isinstance(logits_to_keep, torch.Tensor):  # positions of the input (transformers' convention)
+                hidden = hidden[:, logits_to_keep.to(hidden.device)]
+            elif logits_to_keep:
+                hidden = hidden[:, -logits_to_keep:]
+            logits = self.lm_head(hidden)
+        return CloverOutput(logits=logits, past_key_values=past_key_values, distinct_experts=experts)

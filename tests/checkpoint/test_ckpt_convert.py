@@ -63,7 +63,9 @@ def test_cli_convert_sets_clover_fields(tmp_path, capsys):
     save_hf(hf, tmp_path / "hf")
     code = main(["convert", str(tmp_path / "hf"), str(tmp_path / "out"), "--block-size", "16",
                  "--no-coreset", "--coreset-top-p", "0.8", "--max-shard-size", "20KB"])
-    assert code == 0 and "appended" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert code == 0 and "appended" in captured.out
+    assert "Converting hf" in captured.err and "100%" in captured.err  # the progress bar, on stderr
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["block_size"] == 16 and config["mask_token_id"] == 128
     assert config["moe_block_coreset_enabled"] is False and config["moe_block_coreset_top_p"] == 0.8

@@ -106,3 +106,16 @@ def test_causal_conv_state_is_the_last_inputs():
     assert torch.equal(cache.conv_state, xc[..., -3:])
     assert cache.conv_state.is_contiguous()  # a copy, not a view pinning the whole prefill
     assert causal_conv(xc, torch.zeros(1, gdn.conv_dim, 3), gdn.conv1d.weight[:, 0]).shape == xc.shape
+
+
+def test_recurrent_conv_step_equals_the_conv():
+    """The one-token path (a dot over the K taps) against F.conv1d, its twin: fp32 to 1e-6, bf16
+    within one bf16 rounding of the output."""
+    gdn = layer(4)
+    weight = gdn.conv1d.weight[:, 0].detach()
+    window = torch.randn(2, gdn.conv_dim, gdn.kernel)
+    for dtype, atol in ((torch.float32, 1e-6), (torch.bfloat16, 2e-2)):
+        w, full = weight.to(dtype), window.to(dtype)
+        one = causal_conv(full[..., -1:], full[..., :-1], w)  # T = 1: the recurrent step
+        conv = F.conv1d(full, w.unsqueeze(1), groups=gdn.conv_dim)
+        torch.testing.assert_close(one.float(), conv.float(), rtol=0, atol=atol)

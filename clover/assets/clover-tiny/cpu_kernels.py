@@ -1,0 +1,1 @@
+../../model/cpu_kernels.py
