@@ -67,3 +67,6 @@ def test_embedded_stage_three_continues_stage_two():
     assert stage3.model.init == f"{stage2.output_dir}/final"
     assert stage3.train.alpha == stage2.train.alpha and stage3.train.lr < stage2.train.lr
     assert stage3.data.seed != stage2.data.seed  # fresh examples
+    stage4 = load_recipe(ROOT / "recipes" / "embedded_polish_cpu.json")
+    assert stage4.model.init == f"{stage3.output_dir}/final" and stage4.device == "cpu"
+    assert stage4.data.seed not in (stage2.data.seed, stage3.data.seed)
