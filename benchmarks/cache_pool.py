@@ -20,6 +20,7 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from common import embedded_engine_inputs  # noqa: E402
 
 
 def prepared(model, tok, cfg, prompts, pool: bool):
@@ -53,23 +54,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    import clover
-    from transformers import AutoTokenizer
-
-    from clover import CloverMoeForCausalLM
-    from clover.serving.params import request_config, server_defaults
-
-    path = clover.default_model_dir()
-    model = CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(path)
-    cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=32 * (args.steps + 4), eos_token_id=[]),
-                         model.config.vocab_size)
+    model, tok, cfg = embedded_engine_inputs(32 * (args.steps + 4))
     g = torch.Generator().manual_seed(0)
     words = lambda n: torch.randint(10, model.config.vocab_size - 10, (n,), generator=g).tolist()  # noqa: E731
     prefix = words(args.context)
     prompts = [prefix + words(8) for _ in range(args.rows)]
     engines = {name: prepared(model, tok, cfg, prompts, name == "pool") for name in ("pool", "twin")}
-    before = {name: e.metrics.generation_tokens.value() for name, (e, _) in engines.items()}
+    before = {name: e.metrics.value("clover_generation_tokens_total") for name, (e, _) in engines.items()}
     times = {"pool": [], "twin": []}
     for step in range(args.steps):  # alternate single steps: both paths see the same machine load
         for name in (("pool", "twin") if step % 2 == 0 else ("twin", "pool")):
@@ -77,9 +68,9 @@ def main() -> None:
     texts = {name: [[t for o in outs[i] for t in o.new_token_ids] for i in outs] for name, (_, outs) in engines.items()}
     print(f"context {args.context}, {args.rows} rows, {args.steps} decode steps each, alternating; same tokens "
           f"on both paths: {texts['pool'] == texts['twin']}; prefix tokens restored: "
-          f"{engines['pool'][0].metrics.prefix_hit_tokens.value():.0f}")
+          f"{engines['pool'][0].metrics.value('clover_prefix_cache_hit_tokens_total'):.0f}")
     for name, (engine, _) in engines.items():
-        tokens = engine.metrics.generation_tokens.value() - before[name]
+        tokens = engine.metrics.value("clover_generation_tokens_total") - before[name]
         print(f"{name}: step median {1000 * statistics.median(times[name]):.1f} ms, "
               f"mean {1000 * statistics.mean(times[name]):.1f} ms, {tokens / sum(times[name]):.1f} tokens/s")
     ratios = sorted(a / b for a, b in zip(times["pool"], times["twin"]))

@@ -36,6 +36,25 @@ def mid_model(config: dict, dtype, device="cpu", head_scale: float | None = None
     return model.to(device=device, dtype=dtype)
 
 
+def embedded_engine_inputs(max_new_tokens: int):
+    """(model, tokenizer, request config) of the embedded model in fp32 for the engine benchmarks:
+    greedy defaults of the checkpoint, `max_new_tokens` per request, no EOS (every request runs
+    its whole budget)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    import clover
+    from clover import CloverMoeForCausalLM
+    from clover.serving.params import request_config, server_defaults
+
+    path = clover.default_model_dir()
+    model = CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=max_new_tokens, eos_token_id=[]),
+                         model.config.vocab_size)
+    return model, tok, cfg
+
+
 def write_section(path: Path, title: str, lines: list[str]) -> None:
     """Replace (or append) the `## {title}` section of `path`, leaving every other section as it is."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"

@@ -17,6 +17,7 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from common import embedded_engine_inputs  # noqa: E402
 
 
 def make_engine(model, tok, **scheduler):
@@ -65,17 +66,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    import clover
-    from transformers import AutoTokenizer
-
-    from clover import CloverMoeForCausalLM
-    from clover.serving.params import request_config, server_defaults
-
-    path = clover.default_model_dir()
-    model = CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(path)
-    cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=32, eos_token_id=[]),
-                         model.config.vocab_size)
+    model, tok, cfg = embedded_engine_inputs(32)
     g = torch.Generator().manual_seed(0)
     words = lambda n: torch.randint(10, model.config.vocab_size - 10, (n,), generator=g).tolist()  # noqa: E731
     words_ok = lambda ids: [t if t != model.config.mask_token_id else t + 1 for t in ids]  # noqa: E731

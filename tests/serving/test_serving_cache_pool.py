@@ -10,29 +10,12 @@ from clover.serving.engine import Engine, EngineConfig
 from clover.serving.params import request_config, server_defaults
 from clover.serving.scheduler import SchedulerConfig
 from clover.serving.sequence import EngineRequest
-from serve_fixtures import make_model, make_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SYSTEM = "You are a careful assistant. Answer in one short sentence. "
 PROMPTS = ["hello world", SYSTEM + "The quick brown fox jumps over the lazy dog.", "What is the weather?",
            SYSTEM + "def add(x, y):", "I am fine", SYSTEM * 2 + "Paris", "Let me think", "x"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return make_model(tok)
 
 
 def cfg(model, tok, **settings):

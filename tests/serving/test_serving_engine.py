@@ -9,30 +9,11 @@ from clover.serving.engine import Engine, EngineConfig
 from clover.serving.params import request_config, server_defaults
 from clover.serving.scheduler import QueueFullError, SchedulerConfig
 from clover.serving.sequence import EngineRequest, Phase
-from serve_fixtures import make_model, make_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPTS = ["hello world", "The quick brown fox jumps over the lazy dog.", "What is the weather?",
            "def add(x, y):", "I am fine", "Paris"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tests step the engine on the test thread; one intra-op thread is much faster on a
-    small shared CPU (OpenMP threads spin while waiting for each other)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return make_model(tok)
 
 
 def run(engine: Engine, requests: list[tuple[str, list[int], object]]) -> dict[str, tuple[list[int], str]]:

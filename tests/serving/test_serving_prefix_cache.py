@@ -8,27 +8,10 @@ from clover.serving.engine import Engine, EngineConfig
 from clover.serving.params import request_config, server_defaults
 from clover.serving.scheduler import SchedulerConfig
 from clover.serving.sequence import EngineRequest
-from serve_fixtures import make_model, make_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SYSTEM = "You are a careful assistant. Answer in one short sentence, and never guess. " * 2
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return make_model(tok)
 
 
 def run(engine, requests):
