@@ -160,6 +160,3 @@ class PairDataset:
         indices = self.indices(step)
         get = self.source if callable(self.source) else self.source.__getitem__
         return self.spec.collate([get(indices[i]) for i in self.rank_slice(rank, world_size)])
-
-    def epoch_of(self, step: int) -> float:
-        return float("nan") if callable(self.source) else step / self.batches_per_epoch
