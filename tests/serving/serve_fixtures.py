@@ -169,17 +169,24 @@ class GatedModel(ScriptedModel):
         return super().forward(*args, **kwargs)
 
 
-def serve_scripted(tok, config, respond=scripted_answer) -> ServerThread:
-    """A started server (uvicorn thread) for a `ScriptedModel` answering `respond(prompt)`, under
-    `config` (a `ServerConfig`), ready to answer; `srv.app` is its app. Stop it with `srv.stop()`."""
+def serve_model(model, tok, config, engine=None) -> ServerThread:
+    """A started server (uvicorn thread) for `model` under `config` (a `ServerConfig`) and `engine`
+    (an `EngineConfig`, default one thread), ready to answer; `srv.app` is its app and
+    `srv.client` an OpenAI client for it. Stop it with `srv.stop()`."""
     import openai
 
     from clover.serving import EngineConfig, Runtime, create_app
 
-    model = ScriptedModel(tok, respond)
-    app = create_app(config, lambda metrics: Runtime.from_objects(model, tok, EngineConfig(num_threads=1), metrics))
+    engine = engine or EngineConfig(num_threads=1)
+    app = create_app(config, lambda metrics: Runtime.from_objects(model, tok, engine, metrics))
     srv = ServerThread(app).start()
-    wait_ready(openai.OpenAI(api_key=config.api_key or "none", base_url=srv.base_url + "/v1", max_retries=0,
-                             timeout=60))
+    srv.client = openai.OpenAI(api_key=config.api_key or "none", base_url=srv.base_url + "/v1", max_retries=0,
+                               timeout=120)
+    wait_ready(srv.client)
     srv.app = app
     return srv
+
+
+def serve_scripted(tok, config, respond=scripted_answer) -> ServerThread:
+    """`serve_model` for a `ScriptedModel` answering `respond(prompt)`."""
+    return serve_model(ScriptedModel(tok, respond), tok, config)

@@ -11,17 +11,12 @@ import openai
 import pytest
 
 from clover.serving import EngineConfig, Runtime, SchedulerConfig, ServerConfig, create_app
-from serve_fixtures import (GatedModel, ScriptedModel, ServerThread, make_tokenizer, scripted_answer,
+from serve_fixtures import (GatedModel, ScriptedModel, ServerThread, scripted_answer,
                             serve_scripted, wait_ready)
 
 MODEL = "scripted"
 KEY = "sk-test-key"
 LIMIT = 64 * 1024
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,6 @@ BODY_LIMIT = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return make_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def server(tok):
     srv = serve_scripted(tok, ServerConfig(served_model_name=MODEL, api_key=KEY, max_body_bytes=BODY_LIMIT))
     yield srv

@@ -9,10 +9,10 @@ import openai
 import pytest
 import torch
 
-from clover.serving import EngineConfig, Runtime, SchedulerConfig, ServerConfig, create_app
+from clover.serving import EngineConfig, SchedulerConfig, ServerConfig
 from clover.serving.denoise import RowDecoder, prompt_logprobs
 from clover.serving.logprobs import chat_logprobs, completion_logprobs
-from serve_fixtures import ServerThread, make_model, make_tokenizer, wait_ready
+from serve_fixtures import make_model, make_tokenizer, serve_model
 
 MODEL = "tiny-clover"
 
@@ -26,13 +26,9 @@ def tok_model():
 @pytest.fixture(scope="module")
 def client(tok_model):
     tok, model = tok_model
-    config = EngineConfig(SchedulerConfig(max_batch_size=16, max_queue=64), num_threads=1)
-    app = create_app(ServerConfig(served_model_name=MODEL),
-                     lambda metrics: Runtime.from_objects(model, tok, config, metrics))
-    srv = ServerThread(app).start()
-    client = openai.OpenAI(api_key="unused", base_url=srv.base_url + "/v1", max_retries=0, timeout=120)
-    wait_ready(client)
-    yield client
+    srv = serve_model(model, tok, ServerConfig(served_model_name=MODEL),
+                      EngineConfig(SchedulerConfig(max_batch_size=16, max_queue=64), num_threads=1))
+    yield srv.client
     srv.stop()
 
 

@@ -8,11 +8,10 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import openai
 import pytest
 
-from clover.serving import EngineConfig, Runtime, SchedulerConfig, ServerConfig, create_app
-from serve_fixtures import ServerThread, make_model, make_tokenizer, wait_ready
+from clover.serving import EngineConfig, SchedulerConfig, ServerConfig
+from serve_fixtures import make_model, make_tokenizer, serve_model
 
 MODEL = "tiny-clover"
 WORDS = ["hello", "world", "Paris", "weather", "quick", "brown", "fox", "lazy", "dog", "thank"]
@@ -21,14 +20,9 @@ WORDS = ["hello", "world", "Paris", "weather", "quick", "brown", "fox", "lazy", 
 @pytest.fixture(scope="module")
 def server():
     tok = make_tokenizer()
-    model = make_model(tok)
-    config = EngineConfig(SchedulerConfig(max_batch_size=64, max_queue=128), num_threads=1)
-    app = create_app(ServerConfig(served_model_name=MODEL),
-                     lambda metrics: Runtime.from_objects(model, tok, config, metrics))
-    srv = ServerThread(app).start()
-    client = openai.OpenAI(api_key="unused", base_url=srv.base_url + "/v1", max_retries=0, timeout=120)
-    wait_ready(client)
-    yield srv, client, app
+    srv = serve_model(make_model(tok), tok, ServerConfig(served_model_name=MODEL),
+                      EngineConfig(SchedulerConfig(max_batch_size=64, max_queue=128), num_threads=1))
+    yield srv, srv.client, srv.app
     srv.stop()
 
 

@@ -4,17 +4,12 @@ max_model_len out; ids back to text; behind the API key; clear 400s."""
 import pytest
 
 from clover.serving import ServerConfig
-from serve_fixtures import make_tokenizer, serve_scripted
+from serve_fixtures import serve_scripted
 from test_serving_errors import assert_error_shape, raw
 
 MODEL = "scripted"
 KEY = "sk-tokenize"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the weather?"}]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tokenizer()
 
 
 @pytest.fixture(scope="module")
