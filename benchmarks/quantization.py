@@ -28,16 +28,14 @@ def weight_bytes(model) -> int:
 
 
 def embedded_rows(limit: int) -> list[str]:
-    from clover import CloverMoeForCausalLM, default_model_dir
-    from clover.checkpoint.tokenizer_load import load_tokenizer
+    from clover import default_model_dir
     from clover.data import eval_examples
     from clover.data.corpus import format_chat
     from clover.evaluation.run import evaluate
+    from clover.loading import LoadOptions, load_model_and_tokenizer
     from clover.quantization import layer_errors, quantize_model
 
-    path = default_model_dir()
-    fp32 = CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tokenizer = load_tokenizer(path)
+    fp32, tokenizer = load_model_and_tokenizer(default_model_dir(), LoadOptions(device="cpu", dtype="fp32"))
     examples = eval_examples(limit, seed=0)
     ids = tokenizer(format_chat(tokenizer, examples[0])[0], return_tensors="pt").input_ids
     rows = ["| weights | bytes | bytes/param (quantized part) | logits rel. err | max layer rel. err | "
