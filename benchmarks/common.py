@@ -40,16 +40,11 @@ def embedded_engine_inputs(max_new_tokens: int):
     """(model, tokenizer, request config) of the embedded model in fp32 for the engine benchmarks:
     greedy defaults of the checkpoint, `max_new_tokens` per request, no EOS (every request runs
     its whole budget)."""
-    import torch
-    from transformers import AutoTokenizer
-
     import clover
-    from clover import CloverMoeForCausalLM
+    from clover.loading import LoadOptions, load_model_and_tokenizer
     from clover.serving.params import request_config, server_defaults
 
-    path = clover.default_model_dir()
-    model = CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(path)
+    model, tok = load_model_and_tokenizer(clover.default_model_dir(), LoadOptions(device="cpu", dtype="fp32"))
     cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=max_new_tokens, eos_token_id=[]),
                          model.config.vocab_size)
     return model, tok, cfg

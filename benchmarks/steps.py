@@ -41,13 +41,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     import clover
-    from transformers import AutoTokenizer
+    from clover.loading import LoadOptions, load_model_and_tokenizer
 
-    from clover import CloverMoeForCausalLM
-
-    path = clover.default_model_dir()
-    model = CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    ids = torch.tensor([prompt_ids(AutoTokenizer.from_pretrained(path))])
+    model, tokenizer = load_model_and_tokenizer(clover.default_model_dir(), LoadOptions(device="cpu", dtype="fp32"))
+    ids = torch.tensor([prompt_ids(tokenizer)])
     modes = [m for m in args.modes.split(",")]
     times = {m: [] for m in modes}  # per repeat: seconds of the whole generate call
     stats = {}

@@ -10,9 +10,10 @@ import argparse
 
 import torch
 
-from clover import CloverMoeForCausalLM, default_model_dir
+from clover import default_model_dir
 from clover.data import eval_examples
 from clover.evaluation.run import decode_all
+from clover.loading import LoadOptions, load_model_and_tokenizer
 
 THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
@@ -70,11 +71,8 @@ def main() -> None:
     parser.add_argument("--png", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from transformers import AutoTokenizer
-
     path = args.model or default_model_dir()
-    model = CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    model, tokenizer = load_model_and_tokenizer(path, LoadOptions(device="cpu", dtype="fp32"))
     examples = eval_examples(args.limit, seed=args.seed)
     print(f"model {path}, {len(examples)} prompts, block {args.block_size}, greedy, "
           f"{torch.get_num_threads()} thread(s)\n")
