@@ -75,7 +75,7 @@ def run_steps(root: Path, steps: list[str]) -> dict:
 
 def report(root: Path, results: dict) -> str:
     sizes = {name: folder_bytes(root / name) for name in ("release", "clover") if (root / name).is_dir()}
-    lines = [f"checkpoint bytes: " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in sizes.items()), "",
+    lines = ["checkpoint bytes: " + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in sizes.items()), "",
              "| step | wall s | peak RSS GB | / checkpoint bytes |", "|---|---:|---:|---:|"]
     for step, r in results.items():
         size = sizes.get("clover" if step in ("load", "c1") else "release", 0)
