@@ -136,3 +136,13 @@ print(type(model.model.layers[0].mlp.experts.down_proj).__module__)
     assert out.strip().splitlines()[-1].startswith("transformers_modules")
     with torch.no_grad():
         assert torch.equal(torch.load(tmp_path / "remote.pt"), in_memory(IDS, block_len=4).logits)
+
+
+def test_light_modules_mirror_the_quantization_constants():
+    """clover.loading and clover.cli.quantize copy two constants to stay free of torch imports."""
+    from clover.cli.quantize import DEFAULT_GROUP_SIZE as CLI_GROUP_SIZE
+    from clover.loading import QUANTIZE_SCHEMES
+    from clover.quantization import DEFAULT_GROUP_SIZE, QUANTIZE_CHOICES
+
+    assert tuple(QUANTIZE_CHOICES) == QUANTIZE_SCHEMES
+    assert CLI_GROUP_SIZE == DEFAULT_GROUP_SIZE
