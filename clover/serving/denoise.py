@@ -28,6 +28,15 @@ class BlockResult:
 TokenLogprob = tuple[float, list[tuple[int, float]]]
 
 
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, top: int) -> list[TokenLogprob]:
+    """logits [N, V], targets [N] -> per row the target's log-probability and the `top` most likely
+    (token id, logprob) alternatives."""
+    logprobs = logits.float().log_softmax(-1)  # [N, V]
+    chosen = logprobs.gather(-1, targets[:, None]).squeeze(-1)  # [N]
+    values, alt = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)  # [N, k]
+    return [(lp, list(zip(i, v))) for lp, i, v in zip(chosen.tolist(), alt.tolist(), values.tolist())]
+
+
 class LastLogits:
     """A logits processor placed after all others: keeps the processed logits [1, B, V] it sees."""
 
@@ -79,12 +88,8 @@ class RowDecoder:
     def _record(self, block: torch.Tensor, filled: torch.Tensor) -> None:
         """Log-probabilities of the tokens this step filled, under the step's processed logits."""
         positions = filled.nonzero().flatten()  # [F]
-        logprobs = self.recorder.logits[0, positions].float().log_softmax(-1)  # [F, V]
-        chosen = logprobs.gather(-1, block[positions][:, None]).squeeze(-1)  # [F]
-        k = min(self.top_logprobs, logprobs.shape[-1])
-        top_values, top_ids = logprobs.topk(k, dim=-1)  # [F, k]
-        for p, lp, ids, values in zip(positions.tolist(), chosen.tolist(), top_ids.tolist(), top_values.tolist()):
-            self.block_logprobs[p] = (lp, list(zip(ids, values)))
+        entries = token_logprobs(self.recorder.logits[0, positions], block[positions], self.top_logprobs)
+        self.block_logprobs.update(zip(positions.tolist(), entries))
 
     def take_logprobs(self, length: int) -> list[TokenLogprob] | None:
         """The logprobs of the block's first `length` tokens (the committed ones); resets the block."""
@@ -122,10 +127,6 @@ def prompt_logprobs(model, prompt_ids: list[int], top: int, chunk: int) -> list[
         piece = fed[:, start:start + chunk]  # [1, L]
         mask = torch.ones(1, start + piece.shape[1], dtype=torch.long, device=model.device)
         logits = model(piece, attention_mask=mask, past_key_values=cache, block_len=0).logits  # [1, L, V]
-        logprobs = logits[0].float().log_softmax(-1)  # [L, V]
-        targets = ids[0, start + 1:start + 1 + piece.shape[1]]  # [L]
-        chosen = logprobs.gather(-1, targets[:, None]).squeeze(-1)  # [L]
-        values, alt = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)  # [L, k]
-        out += [(lp, list(zip(i, v))) for lp, i, v in zip(chosen.tolist(), alt.tolist(), values.tolist())]
+        out += token_logprobs(logits[0], ids[0, start + 1:start + 1 + piece.shape[1]], top)
     return out
 
