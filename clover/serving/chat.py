@@ -4,13 +4,12 @@ chunk per committed block of each choice (its logprobs with it), the choices int
 from collections.abc import Iterator
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from .admission import ServerConfig, check_model, output_grammar, submit
 from .async_engine import RequestStream
 from .errors import bad_request
-from .lifecycle import RequestRecord, StreamedChoice, event_stream, final_outputs, usage
+from .lifecycle import RequestRecord, StreamedChoice, final_outputs, streaming_response, usage
 from .logprobs import MAX_TOP_LOGPROBS, Cursor, chat_logprobs
 from .output import ChatParts, ChatView, ResponseText
 from .prompts import Prompt, chat_prompt
@@ -135,10 +134,5 @@ def _stream(req: ChatCompletionRequest, rt: Runtime, prompt: Prompt, queued: lis
     choices = [ChatStreamChoice(i, stream, request, prompt, rt, req, response_id, top)
                for i, (stream, request) in enumerate(queued)]
 
-    def closing() -> list[dict]:
-        if not (req.stream_options and req.stream_options.include_usage):
-            return []
-        return [ChatCompletionChunk(id=response_id, model=req.model, choices=[],
-                                    usage=usage(prompt, *(c.text for c in choices))).model_dump()]
-
-    return StreamingResponse(event_stream(choices, closing), media_type="text/event-stream")
+    return streaming_response(choices, prompt, req.stream_options, lambda u: ChatCompletionChunk(
+        id=response_id, model=req.model, choices=[], usage=u).model_dump())

@@ -4,13 +4,12 @@ or an SSE stream of every choice's committed blocks (their logprobs with them), 
 from collections.abc import Iterator
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from .admission import ServerConfig, check_model, output_grammar, submit
 from .async_engine import RequestStream
 from .errors import bad_request
-from .lifecycle import RequestRecord, StreamedChoice, event_stream, final_outputs, usage
+from .lifecycle import RequestRecord, StreamedChoice, final_outputs, streaming_response, usage
 from .logprobs import MAX_TOP_LOGPROBS, Cursor, completion_logprobs
 from .output import ResponseText
 from .prompts import Prompt, completion_prompt
@@ -101,10 +100,5 @@ def _stream(req: CompletionRequest, rt: Runtime, prompt: Prompt, queued: list, t
     choices = [CompletionStreamChoice(i, stream, request, prompt, rt, req, response_id, top, echo)
                for i, (stream, request) in enumerate(queued)]
 
-    def closing() -> list[dict]:
-        if not (req.stream_options and req.stream_options.include_usage):
-            return []
-        return [Completion(id=response_id, model=req.model, choices=[],
-                           usage=usage(prompt, *(c.text for c in choices))).model_dump()]
-
-    return StreamingResponse(event_stream(choices, closing), media_type="text/event-stream")
+    return streaming_response(choices, prompt, req.stream_options, lambda u: Completion(
+        id=response_id, model=req.model, choices=[], usage=u).model_dump())

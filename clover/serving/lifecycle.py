@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import aclosing
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
 from .async_engine import RequestStream
 from .errors import ClientGone, internal
@@ -209,3 +210,16 @@ async def event_stream(choices: list[StreamedChoice], closing: Callable[[], Iter
     finally:
         for choice in choices:
             choice.close(failed)
+
+
+def streaming_response(choices: list[StreamedChoice], prompt: Prompt, stream_options,
+                       usage_chunk: Callable[[Usage], dict]) -> StreamingResponse:
+    """The SSE response of `choices`; with `stream_options.include_usage` a last chunk,
+    `usage_chunk(usage)`, with the usage of all the choices."""
+
+    def closing() -> list[dict]:
+        if not (stream_options and stream_options.include_usage):
+            return []
+        return [usage_chunk(usage(prompt, *(c.text for c in choices)))]
+
+    return StreamingResponse(event_stream(choices, closing), media_type="text/event-stream")
