@@ -26,11 +26,6 @@ class CacheCapacityError(ValueError):
     """A request that cannot get a cache slot; the message names the need and the limit."""
 
 
-def slot_need(prompt_len: int, cfg: DecodeConfig) -> int:
-    """Cache positions a request can touch: its prompt, every block it may commit, and scratch."""
-    return cache_capacity(prompt_len, cfg)
-
-
 class CachePool:
     def __init__(self, new_cache, num_slots: int, slot_tokens: int):
         if num_slots <= 0 or slot_tokens <= 0:
@@ -57,7 +52,7 @@ class CachePool:
 
     def check(self, prompt_len: int, cfg: DecodeConfig) -> int:
         """The positions the request needs; raises `CacheCapacityError` past `slot_tokens`."""
-        need = slot_need(prompt_len, cfg)
+        need = cache_capacity(prompt_len, cfg)  # prompt, every block it may commit, scratch
         if need > self.slot_tokens:
             raise CacheCapacityError(
                 f"the request needs {need} cache positions (prompt {prompt_len} + max_tokens "
