@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from .admission import ServerConfig, check_model, output_grammar, submit
 from .async_engine import RequestStream
 from .errors import bad_request
-from .lifecycle import RequestRecord, StreamedChoice, final_outputs, streaming_response, usage
+from .lifecycle import StreamedChoice, final_outputs, streaming_response, usage
 from .logprobs import MAX_TOP_LOGPROBS, Cursor, chat_logprobs
 from .output import ChatParts, ChatView, ResponseText
 from .prompts import Prompt, chat_prompt
@@ -98,11 +98,11 @@ class ChatStreamChoice(StreamedChoice):
     """One streamed chat choice: a role chunk, then per committed block a delta (reasoning, content,
     and tool calls once final) with the logprobs of the tokens it carries, then a finish chunk."""
 
-    def __init__(self, index: int, stream: RequestStream, request, prompt: Prompt, rt: Runtime,
+    endpoint = "chat"
+
+    def __init__(self, index: int, stream: RequestStream, prompt: Prompt, rt: Runtime,
                  req: ChatCompletionRequest, response_id: str, top: int | None):
-        text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())
-        super().__init__(index, stream, text, RequestRecord(rt.engine.metrics, "chat", request.request_id,
-                                                            len(prompt.ids)))
+        super().__init__(index, stream, rt.tokenizer, req.stop_list(), rt.engine.metrics, len(prompt.ids))
         self.prompt, self.tokenizer, self.top = prompt, rt.tokenizer, top
         self.response_id, self.model = response_id, req.model
         self.view = ChatView(prompt.think_opened, prompt.parse_tools)
@@ -131,8 +131,7 @@ class ChatStreamChoice(StreamedChoice):
 
 def _stream(req: ChatCompletionRequest, rt: Runtime, prompt: Prompt, queued: list, top: int | None):
     response_id = queued[0][1].request_id
-    choices = [ChatStreamChoice(i, stream, request, prompt, rt, req, response_id, top)
-               for i, (stream, request) in enumerate(queued)]
+    choices = [ChatStreamChoice(i, stream, prompt, rt, req, response_id, top) for i, (stream, _) in enumerate(queued)]
 
     return streaming_response(choices, prompt, req.stream_options, lambda u: ChatCompletionChunk(
         id=response_id, model=req.model, choices=[], usage=u).model_dump())

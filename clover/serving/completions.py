@@ -9,9 +9,8 @@ from starlette.concurrency import run_in_threadpool
 from .admission import ServerConfig, check_model, output_grammar, submit
 from .async_engine import RequestStream
 from .errors import bad_request
-from .lifecycle import RequestRecord, StreamedChoice, final_outputs, streaming_response, usage
+from .lifecycle import StreamedChoice, final_outputs, streaming_response, usage
 from .logprobs import MAX_TOP_LOGPROBS, Cursor, completion_logprobs
-from .output import ResponseText
 from .prompts import Prompt, completion_prompt
 from .runtime import Runtime
 from .schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
@@ -66,11 +65,11 @@ class CompletionStreamChoice(StreamedChoice):
     """One streamed completion choice: with its first block the `echo`ed prompt (and the prompt's
     logprobs, when asked), then per committed block its new text with the logprobs of its tokens."""
 
-    def __init__(self, index: int, stream: RequestStream, request, prompt: Prompt, rt: Runtime,
+    endpoint = "completions"
+
+    def __init__(self, index: int, stream: RequestStream, prompt: Prompt, rt: Runtime,
                  req: CompletionRequest, response_id: str, top: int | None, echo: str):
-        text = ResponseText(rt.tokenizer, request.params.eos_token_id, req.stop_list())
-        super().__init__(index, stream, text, RequestRecord(rt.engine.metrics, "completions", request.request_id,
-                                                            len(prompt.ids)))
+        super().__init__(index, stream, rt.tokenizer, req.stop_list(), rt.engine.metrics, len(prompt.ids))
         self.prompt, self.tokenizer, self.top, self.echo = prompt, rt.tokenizer, top, echo
         self.response_id, self.model = response_id, req.model
         self.sent, self.cursor, self.echoed = "", Cursor(), False
@@ -97,8 +96,8 @@ class CompletionStreamChoice(StreamedChoice):
 
 def _stream(req: CompletionRequest, rt: Runtime, prompt: Prompt, queued: list, top: int | None, echo: str):
     response_id = queued[0][1].request_id
-    choices = [CompletionStreamChoice(i, stream, request, prompt, rt, req, response_id, top, echo)
-               for i, (stream, request) in enumerate(queued)]
+    choices = [CompletionStreamChoice(i, stream, prompt, rt, req, response_id, top, echo)
+               for i, (stream, _) in enumerate(queued)]
 
     return streaming_response(choices, prompt, req.stream_options, lambda u: Completion(
         id=response_id, model=req.model, choices=[], usage=u).model_dump())

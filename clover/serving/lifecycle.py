@@ -135,8 +135,14 @@ class StreamedChoice:
     last output. Each endpoint says what chunks it opens with (`opening`) and what one engine
     output of it becomes (`render`), keeping whatever it has sent so far on the instance."""
 
-    def __init__(self, index: int, stream: RequestStream, text: ResponseText, record: RequestRecord):
-        self.index, self.stream, self.text, self.record = index, stream, text, record
+    endpoint = ""  # what its record names
+
+    def __init__(self, index: int, stream: RequestStream, tokenizer, stop: list[str], metrics: ServingMetrics,
+                 prompt_tokens: int):
+        request = stream.request
+        self.index, self.stream = index, stream
+        self.text = ResponseText(tokenizer, request.params.eos_token_id, stop)
+        self.record = RequestRecord(metrics, self.endpoint, request.request_id, prompt_tokens)
         self.last: RequestOutput | None = None
 
     def opening(self) -> Iterable[dict]:
