@@ -73,7 +73,7 @@ def submit(runtime: Runtime, req: SamplingFields, prompt: Prompt, max_tokens: in
             cfg = request_config(cfg, {"max_new_tokens": budget or cfg.max_new_tokens}, runtime.vocab_size)
         ids = torch.tensor([prompt.ids], dtype=torch.long).view(1, -1)
         validate_prompt(ids, torch.ones_like(ids), cfg, runtime.model_config)
-        if getattr(runtime.engine, "pool", None) is not None:
+        if runtime.engine.pool is not None:
             runtime.engine.pool.check(len(prompt.ids), cfg)
     except CacheCapacityError as e:
         raise bad_request(str(e), "max_tokens", "context_length_exceeded") from None
