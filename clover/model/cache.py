@@ -99,11 +99,15 @@ class GatedDeltaNetLayerCache:
         return 0
 
     def write(self, conv_state: torch.Tensor, recurrent_state: torch.Tensor) -> None:
-        if self.in_place and self.conv_state is not None:
+        """Pooled: copied into this layer's own storage (a copy of the first write becomes it), so
+        the caller's tensors are never kept; growing: the tensors are kept (never written in place)."""
+        if not self.in_place:
+            self.conv_state, self.recurrent_state = conv_state, recurrent_state
+        elif self.conv_state is None:
+            self.conv_state, self.recurrent_state = conv_state.clone(), recurrent_state.clone()
+        else:
             self.conv_state.copy_(conv_state)
             self.recurrent_state.copy_(recurrent_state)
-        else:
-            self.conv_state, self.recurrent_state = conv_state, recurrent_state
 
     def clear(self) -> None:
         """The empty-cache state: zeros (in place when pooled, so the storage is reused)."""
@@ -159,7 +163,7 @@ class CloverCache:
             if isinstance(layer, AttentionLayerCache):
                 layer.crop(saved.length)
             elif saved.conv_state is not None:
-                layer.write(saved.conv_state.clone(), saved.recurrent_state.clone())
+                layer.write(saved.conv_state, saved.recurrent_state)  # pooled: copied in; growing: shared
         self.seq_length = snapshot.seq_length
 
     def reset(self) -> None:

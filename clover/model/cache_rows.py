@@ -65,10 +65,7 @@ class GatedDeltaNetRows:
             return
         conv, recurrent = self._new
         for r, layer in enumerate(self.layers):
-            if layer.conv_state is None:  # first write: its own storage, not a view of the batch
-                layer.write(conv[r:r + 1].clone(), recurrent[r:r + 1].clone())
-            else:
-                layer.write(conv[r:r + 1], recurrent[r:r + 1])
+            layer.write(conv[r:r + 1], recurrent[r:r + 1])  # pooled: copied into the row's own storage
         self._new = None
 
 
