@@ -27,9 +27,10 @@ def next_token(logits: torch.Tensor, batch: DecodeBatch, position: int, cfg, pro
                                         generator)
     for i, row in enumerate(batch.rows if constraints is not None else []):
         if constraints[row] is not None:
-            tokens[i, 0] = choose(logits[i, 0], constraints[row], list(cfg.eos_token_id), cfg, generator)[0]
-            if int(tokens[i, 0]) not in cfg.eos_token_id:
-                constraints[row].advance(int(tokens[i, 0]))
+            token, _ = choose(logits[i, 0], constraints[row], list(cfg.eos_token_id), cfg, generator)
+            tokens[i, 0] = token
+            if token not in cfg.eos_token_id:
+                constraints[row].advance(token)
     return tokens
 
 
