@@ -35,10 +35,14 @@ def ramp(positions: torch.Tensor, start: int, window: int) -> torch.Tensor:
     return ((n - start) / window).clamp(0.0, 1.0)
 
 
+def per_row(value: torch.Tensor) -> torch.Tensor:
+    """A per-slot value [L] (shared by the rows) as [1, L]; one already per row [N, L] as is."""
+    return value if value.dim() == 2 else value[None]
+
+
 def slot_ramp(ctx: ControlContext, start: int, window: int) -> torch.Tensor:
     """The ramp of every slot as [1, L] (positions shared by the rows) or [N, L]."""
-    value = ramp(ctx.positions, start, window)
-    return value if value.dim() == 2 else value[None]
+    return per_row(ramp(ctx.positions, start, window))
 
 
 class RepetitionPenalty:
@@ -103,8 +107,7 @@ class MinNewTokens:
         self.minimum, self.eos_ids = minimum, list(eos_ids)
 
     def __call__(self, logits, ctx):
-        early = (ctx.positions < self.minimum).to(logits.device)  # [L] shared by the rows, or [N, L]
-        early = early[None, :, None] if early.dim() == 1 else early[:, :, None]  # [1 or N, L, 1]
+        early = per_row(ctx.positions < self.minimum).to(logits.device)[..., None]  # [1 or N, L, 1]
         logits = logits.clone()
         logits[:, :, self.eos_ids] = logits[:, :, self.eos_ids].masked_fill(early, float("-inf"))
         return logits
