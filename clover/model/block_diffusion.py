@@ -99,9 +99,10 @@ def constrain_rows(logits, block, new_block, filled, batch: DecodeBatch, limit: 
         if constraints[row] is None:
             continue
         run = commit_run(logits[i], block[i], columns, limit, mask_id, constraints[row], eos, cfg, generator)
+        positions = list(run)
         new_block[i], filled[i] = block[i], False
-        for position, token in run.items():
-            new_block[i, position], filled[i, position] = token, True
+        new_block[i, positions] = torch.tensor(list(run.values()), dtype=block.dtype, device=block.device)
+        filled[i, positions] = True
 
 
 def block_status(block: torch.Tensor, limit: int, mask_id: int, eos: torch.Tensor) -> BlockStatus:
