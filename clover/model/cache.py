@@ -77,6 +77,10 @@ class AttentionLayerCache:
     def tensors(self):
         return {"key": self.key, "value": self.value}
 
+    def storage(self) -> list:
+        """The tensors that hold memory: the whole buffers when pooled, else the cached positions."""
+        return [self.key_buffer, self.value_buffer] if self.key_buffer is not None else [self.key, self.value]
+
     def mapped(self, fn) -> "AttentionLayerCache":
         """A cache with `fn` applied to its storage (buffers when pooled), same length."""
         if self.key_buffer is None:
@@ -122,6 +126,9 @@ class GatedDeltaNetLayerCache:
 
     def tensors(self):
         return {"conv_state": self.conv_state, "recurrent_state": self.recurrent_state}
+
+    def storage(self) -> list:
+        return [self.conv_state, self.recurrent_state]
 
     def mapped(self, fn) -> "GatedDeltaNetLayerCache":
         return GatedDeltaNetLayerCache(*(None if t is None else fn(t) for t in self.tensors().values()),
@@ -185,9 +192,4 @@ class CloverCache:
 
     def nbytes(self) -> int:
         """Bytes held: cached positions (growing) or whole buffers (pooled)."""
-        total = 0
-        for layer in self.layers:
-            tensors = [layer.key_buffer, layer.value_buffer] if getattr(layer, "key_buffer", None) is not None \
-                else list(layer.tensors().values())
-            total += sum(t.numel() * t.element_size() for t in tensors if t is not None)
-        return total
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer.storage() if t is not None)
