@@ -68,7 +68,7 @@ class PrefixCache:
                              torch.cat([p.layers[i]["value"] for p in hit.pages], dim=2))
             else:
                 last = hit.pages[-1].layers[i]
-                layer.write(last["conv_state"].clone(), last["recurrent_state"].clone())
+                layer.write(last["conv_state"], last["recurrent_state"])  # a write copies (pooled) or replaces
         cache.seq_length = hit.length
         return cache
 
