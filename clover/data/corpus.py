@@ -18,7 +18,6 @@ from clover.data.tasks import EVAL_TASKS, Example, Task, get_task
 from clover.data.tokenizer import IM_END, train_tokenizer
 
 SEED_STRIDE = 1_000_000_007
-EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
 class ChatText(NamedTuple):
@@ -56,9 +55,11 @@ def format_chat(
     """Render ``example`` as one user turn plus the assistant generation prompt.
 
     With ``enable_thinking=False`` the template itself closes an empty think block, and
-    the answer is ``example.answer + "<|im_end|>"``. With ``enable_thinking=True`` the
-    model must open ``<think>`` itself; these tasks carry no reasoning, so the answer
-    starts with an empty think block: ``"<think>\\n\\n</think>\\n\\n" + answer + "<|im_end|>"``.
+    the answer is ``example.answer + "<|im_end|>"``. With ``enable_thinking=True`` (or unset)
+    the model must open ``<think>`` itself: the answer is the example's reasoning in a think
+    block, as the template renders an assistant's ``reasoning_content``, then the answer:
+    ``"<think>\\n" + reasoning + "\\n</think>\\n\\n" + answer + "<|im_end|>"`` (an empty
+    reasoning gives the empty think block).
     """
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": example.prompt}],
@@ -67,7 +68,8 @@ def format_chat(
         enable_thinking=enable_thinking,
     )
     thinking = enable_thinking is not False  # None: the template's default, thinking on
-    answer = (EMPTY_THINK if thinking else "") + example.answer + IM_END
+    think = f"<think>\n{example.reasoning}\n</think>\n\n" if thinking else ""
+    answer = think + example.answer + IM_END
     return ChatText(prompt, answer)
 
 

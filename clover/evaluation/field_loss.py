@@ -37,7 +37,7 @@ class FieldLoss:
 
 def token_fields(task, example: Example, answer_text: str, offsets: Sequence[tuple[int, int]]) -> list[str]:
     """The field of each answer token (`answer_text` holds `example.answer` after a chat prefix)."""
-    shift = answer_text.index(example.answer)
+    shift = answer_text.rindex(example.answer)  # the answer follows any think block
     spans = [(name, a + shift, b + shift) for name, a, b in task.field_spans(example)]
     return [next((name for name, a, b in spans if start < b and end > a), "template")
             for start, end in offsets]

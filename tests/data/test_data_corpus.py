@@ -12,7 +12,7 @@ from clover.data.corpus import (
     tokenizer_corpus,
     training_examples,
 )
-from clover.data.tasks import EVAL_TASKS, TASKS, split_of
+from clover.data.tasks import EVAL_TASKS, TASKS, get_task, split_of
 from clover.data.tokenizer import train_tokenizer
 
 
@@ -52,7 +52,21 @@ def test_format_chat_with_thinking(tok):
     ex = training_examples(1, seed=0)[0]
     chat = format_chat(tok, ex, enable_thinking=True)
     assert chat.prompt.endswith("<|im_start|>assistant\n")
-    assert chat.answer == "<think>\n\n</think>\n\n" + ex.answer + "<|im_end|>"
+    assert chat.answer == f"<think>\n{ex.reasoning}\n</think>\n\n" + ex.answer + "<|im_end|>"
+
+
+@pytest.mark.parametrize("task", ["airspace", "joint"])
+def test_thinking_answer_is_what_the_template_renders_for_the_reasoning(tok, task):
+    """The trained think block is the template's rendering of an assistant turn whose
+    ``reasoning_content`` is the example's reasoning (record has none: an empty block)."""
+    assert get_task("record").generate(5, "train").reasoning == ""
+    ex = get_task(task).generate(5, "train")
+    assert ex.reasoning
+    chat = format_chat(tok, ex, enable_thinking=True)
+    turns = [{"role": "user", "content": ex.prompt},
+             {"role": "assistant", "content": ex.answer, "reasoning_content": ex.reasoning}]
+    rendered = tok.apply_chat_template(turns, tokenize=False)
+    assert rendered.startswith(chat.prompt + chat.answer), (rendered, chat)
 
 
 def test_record_answers_are_long(tok):

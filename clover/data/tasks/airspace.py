@@ -18,6 +18,10 @@ rounded half-up to 0.1) need real arithmetic, so they are off unless
 ``nautical_miles=True``. Locations are named places or coordinates written the same way
 in prompt and answer (``31.24N 121.47E``), so they are copied verbatim.
 
+Reasoning (the think block): one line per zone in the order its notice was issued,
+saying what became of it: ``Z68 cancelled.``, ``Z20 amended.`` or ``Z56 active.``.
+So the decision to drop a cancelled zone is written down before the JSON is.
+
 Scoring: the output is parsed as JSON; ``correct`` iff the parsed value equals the
 target (order included). Malformed JSON scores ``correct=False, valid_json=False``.
 ``zone_f1`` gives partial credit over exactly matching zones.
@@ -109,7 +113,10 @@ class AirspaceTask(Task):
         target = [z.as_json() for z in zones if z.radius_tenths > 0]
         prompt = INSTRUCTION + "\n" + "\n".join(lines)
         answer = json.dumps(target, separators=(",", ":"), ensure_ascii=False)
-        return Example(prompt, answer, self.name, {"zones": target, "n_notices": n, "modified": modified})
+        status = {"cancel": "cancelled", "radius": "amended", "window": "amended"}
+        reasoning = "\n".join(f"{z.id} {status.get(modified.get(z.id), 'active')}." for z in zones)
+        return Example(prompt, answer, self.name, {"zones": target, "n_notices": n, "modified": modified},
+                       reasoning)
 
     def score(self, example: Example, output_text: str) -> dict[str, Any]:
         target = example.meta["zones"]

@@ -31,12 +31,15 @@ _MAX_ATTEMPTS = 10_000
 class Example:
     """One task instance. ``prompt`` is the user message text; ``answer`` the exact
     target completion (no chat tokens); ``meta`` holds task-specific structured data
-    (e.g. the parsed target) that scorers may use."""
+    (e.g. the parsed target) that scorers may use. ``reasoning`` is the think-block text
+    a model writes before the answer in thinking mode (a step-by-step derivation that
+    only copies from the prompt and decides; empty when the task has none)."""
 
     prompt: str
     answer: str
     task: str
     meta: dict[str, Any] = field(default_factory=dict)
+    reasoning: str = ""
 
 
 def split_of(prompt: str) -> str:

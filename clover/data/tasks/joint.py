@@ -11,6 +11,12 @@ Questions ask "Is <pilot> <property>?" for distinct (pilot, property) pairs, sor
 pilot then property order, so a derived question usually follows the questions it
 depends on; answers therefore constrain each other (if 1:no and rule needs it, 2 is no).
 
+Reasoning (the think block): one line per question that copies what decides it and then
+answers it: the pilot's fact line, for a derived property the rule(s) behind it, the
+question, and ``yes``/``no``: ``2. Kim is rested. Anyone who is licensed and rested is
+cleared. Is Kim cleared? no``. Every step is a copy from the prompt or a check against
+the text just copied, so a small model can follow it.
+
 Answer: one line ``1:yes 2:no 3:yes``. Scoring parses ``<n>:yes|no`` pairs (first
 occurrence of each number counts): ``item_accuracy`` = right items / questions,
 ``correct`` iff every item is right and no other numbers were answered.
@@ -68,7 +74,11 @@ class JointTask(Task):
         prompt = _render(rules, people, facts, base, questions)
         answer = " ".join(f"{k}:{_yn(a)}" for k, a in enumerate(answers, 1))
         derived = [prop in dict(rules) for _, prop in questions]
-        return Example(prompt, answer, self.name, {"answers": answers, "derived": derived})
+        reasoning = "\n".join(
+            f"{k}. {_fact_line(p, facts[p], base)} {''.join(_rule_line(r) + ' ' for r in _rules_behind(prop, rules))}"
+            f"Is {p} {prop}? {_yn(a)}"
+            for k, ((p, prop), a) in enumerate(zip(questions, answers), 1))
+        return Example(prompt, answer, self.name, {"answers": answers, "derived": derived}, reasoning)
 
     def field_spans(self, example: Example) -> list[tuple[str, int, int]]:
         """``(field, start, end)`` spans of the yes/no words in ``example.answer``."""
@@ -127,6 +137,29 @@ def _closure(facts: set[str], rules: list[Rule]) -> set[str]:
     return true
 
 
+def _rules_behind(prop: str, rules: list[Rule]) -> list[Rule]:
+    """The rules that decide ``prop``, in rule order: its own rule and, through chained
+    conditions, the rules of the derived properties it needs (none for a base property)."""
+    by_derived = dict(rules)
+    needed, todo = set(), [prop]
+    while todo:
+        p = todo.pop()
+        if p in by_derived and p not in needed:
+            needed.add(p)
+            todo.extend(by_derived[p])
+    return [(d, conds) for d, conds in rules if d in needed]
+
+
+def _rule_line(rule: Rule) -> str:
+    derived, conds = rule
+    return f"Anyone who is {_join(conds)} is {derived}."
+
+
+def _fact_line(person: str, held: set[str], base: list[str]) -> str:
+    held_in_order = [b for b in base if b in held]
+    return f"{person} is {_join(held_in_order)}." if held_in_order else f"{person} has none of these."
+
+
 def _render(
     rules: list[Rule],
     people: list[str],
@@ -134,11 +167,8 @@ def _render(
     base: list[str],
     questions: list[tuple[str, str]],
 ) -> str:
-    rule_lines = [f"Anyone who is {_join(conds)} is {d}." for d, conds in rules]
-    fact_lines = []
-    for p in people:
-        held = [b for b in base if b in facts[p]]
-        fact_lines.append(f"{p} is {_join(held)}." if held else f"{p} has none of these.")
+    rule_lines = [_rule_line(rule) for rule in rules]
+    fact_lines = [_fact_line(p, facts[p], base) for p in people]
     q_lines = [f"{k}. Is {p} {prop}?" for k, (p, prop) in enumerate(questions, 1)]
     return "\n".join(
         ["Rules:", *rule_lines, "Facts (nothing else is true):", *fact_lines,
