@@ -4,8 +4,9 @@
     prompts, in the same order), `{"task", "seed", "prompt", "answer"}`; the lm-eval side scores a
     response with the task's own scorer, after regenerating the example from `(task, seed)`.
   * choice: one document per yes/no item of each held-out `joint` prompt: the context is the chat
-    prompt (the chat template's default thinking mode) and the gold answer up to that item's value,
-    e.g. `...<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n1:yes 2:`; the choices are "yes"
+    prompt with thinking off (an empty think block: the gold reasoning would state every answer)
+    and the gold answer up to that item's value, e.g.
+    `...<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n1:yes 2:`; the choices are "yes"
     and "no". Scored by likelihood (lm-eval's `multiple_choice`), so it needs prompt logprobs.
 
 Each is written as one JSONL file per name into a data folder that the task files read
@@ -44,8 +45,8 @@ def choice_docs(tokenizer, limit: int, seed: int = 0) -> list[dict]:
     """One yes/no document per item of `limit` held-out joint prompts (see the module docstring)."""
     task, docs = get_task(CHOICE_TASK), []
     for example in eval_examples(limit, seed=seed, tasks=[task]):
-        chat = format_chat(tokenizer, example, enable_thinking=None)  # the template's default mode
-        shift = chat.answer.index(example.answer)
+        chat = format_chat(tokenizer, example, enable_thinking=False)  # no reasoning: it states the answers
+        shift = chat.answer.rindex(example.answer)
         for item, (_, start, end) in enumerate(task.field_spans(example), 1):
             value = example.answer[start:end]
             if value not in ("yes", "no"):
