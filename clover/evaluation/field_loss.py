@@ -39,6 +39,9 @@ def token_fields(task, example: Example, answer_text: str, offsets: Sequence[tup
     """The field of each answer token (`answer_text` holds `example.answer` after a chat prefix)."""
     shift = answer_text.rindex(example.answer)  # the answer follows any think block
     spans = [(name, a + shift, b + shift) for name, a, b in task.field_spans(example)]
+    think = answer_text.find(example.reasoning) if example.reasoning else -1
+    if 0 <= think < shift:  # the think block's text (thinking mode)
+        spans.append(("reasoning", think, think + len(example.reasoning)))
     return [next((name for name, a, b in spans if start < b and end > a), "template")
             for start, end in offsets]
 

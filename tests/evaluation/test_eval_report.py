@@ -78,3 +78,23 @@ def test_field_losses_label_every_answer_token(model, tokenizer):
     counted = sum(m["tokens"] for m in losses["record"].values())
     assert counted == len(enc.input_ids)
     assert all(m["ar"] > 0 and m["diff"] > 0 for m in losses["record"].values())
+
+
+def test_field_losses_label_the_think_block_as_reasoning(tokenizer):
+    """In thinking mode a joint answer's think block is its own field; the yes/no fields are the
+    answer line's, never the same words inside the reasoning."""
+    from clover.data import format_chat
+    from clover.evaluation.field_loss import token_fields
+
+    task = get_task("joint")
+    example = task.generate(1, "eval")
+    chat = format_chat(tokenizer, example, enable_thinking=True)
+    enc = tokenizer(chat.answer, add_special_tokens=False, return_offsets_mapping=True)
+    fields = token_fields(task, example, chat.answer, enc["offset_mapping"])
+    spans = [span for span, f in zip(enc["offset_mapping"], fields) if f == "reasoning"]
+    start = chat.answer.index(example.reasoning)
+    assert spans[0][0] == start and spans[-1][1] == start + len(example.reasoning)
+    answer_start = next(i for i, f in enumerate(fields) if f in ("fact", "derived"))
+    assert all(f != "reasoning" for f in fields[answer_start:])
+    yes_no = [span for span, f in zip(enc["offset_mapping"], fields) if f in ("fact", "derived")]
+    assert yes_no[0][0] >= chat.answer.rindex(example.answer)
