@@ -11,11 +11,12 @@ Questions ask "Is <pilot> <property>?" for distinct (pilot, property) pairs, sor
 pilot then property order, so a derived question usually follows the questions it
 depends on; answers therefore constrain each other (if 1:no and rule needs it, 2 is no).
 
-Reasoning (the think block): one line per question that copies what decides it and then
-answers it: the pilot's fact line, for a derived property the rule(s) behind it, the
-question, and ``yes``/``no``: ``2. Kim is rested. Anyone who is licensed and rested is
-cleared. Is Kim cleared? no``. Every step is a copy from the prompt or a check against
-the text just copied, so a small model can follow it.
+Reasoning (the think block): one line per question that copies the question, then what
+decides it, then answers: the pilot's fact line, for a derived property the rule(s) behind
+it, and ``yes``/``no``: ``2. Is Kim cleared? Kim is rested. Anyone who is licensed and
+rested is cleared. no``. Each step is one lookup: the question by its number, the fact line
+by the name just copied, the rule by the property just copied; the answer is a check of the
+rule against the fact line written just before it, so a small model can follow it.
 
 Answer: one line ``1:yes 2:no 3:yes``. Scoring parses ``<n>:yes|no`` pairs (first
 occurrence of each number counts): ``item_accuracy`` = right items / questions,
@@ -75,8 +76,8 @@ class JointTask(Task):
         answer = " ".join(f"{k}:{_yn(a)}" for k, a in enumerate(answers, 1))
         derived = [prop in dict(rules) for _, prop in questions]
         reasoning = "\n".join(
-            f"{k}. {_fact_line(p, facts[p], base)} {''.join(_rule_line(r) + ' ' for r in _rules_behind(prop, rules))}"
-            f"Is {p} {prop}? {_yn(a)}"
+            f"{k}. Is {p} {prop}? {_fact_line(p, facts[p], base)} "
+            f"{''.join(_rule_line(r) + ' ' for r in _rules_behind(prop, rules))}{_yn(a)}"
             for k, ((p, prop), a) in enumerate(zip(questions, answers), 1))
         return Example(prompt, answer, self.name, {"answers": answers, "derived": derived}, reasoning)
 
