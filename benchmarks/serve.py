@@ -296,7 +296,11 @@ def report(levels: list[dict], overhead: dict | None, setting: dict) -> list[str
             f"| {lv['tokens_per_forward']:.2f} |")
     lines += ["", "tokens/forward = output tokens per row-forward (a request's share of one batched forward); the "
               "server runs one forward per (phase, block size) group per step, and a self-spec iteration is two "
-              "(draft, verify).", "", "Goals (issue 10):", *goals(levels)]
+              "(draft, verify). Self-spec and AR rows share the engine's steps with block diffusion (one "
+              "forward per phase group: AR steps together, verifies together, drafts grouped by how many "
+              "kept tokens they commit). On a model this small a forward costs about the same whatever "
+              "its token count, so the ratios follow tokens/forward and the per-step overhead; AR also "
+              "streams one chunk per token.", "", "Goals (issue 10):", *goals(levels)]
     if overhead is None:
         return lines
     ratio = overhead["server"] / overhead["generate"] - 1
@@ -307,6 +311,13 @@ def report(levels: list[dict], overhead: dict | None, setting: dict) -> list[str
         f"{overhead['server'] * 1000:.1f} ms: **{ratio * 100:+.1f}%** (goal < +10%).",
     ]
     return lines
+
+
+def launch_prefix() -> str:
+    """The thread setting and niceness this run had, as the shell prefix that reproduces them."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    niceness = os.nice(0)
+    return (f"OMP_NUM_THREADS={threads} " if threads else "") + (f"nice -n {niceness} " if niceness else "")
 
 
 def main() -> None:
@@ -361,7 +372,7 @@ def main() -> None:
                    max_tokens=args.max_tokens, repeats=args.repeats,
                    machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, load average "
                            f"{os.getloadavg()[0]:.1f} at the end (other jobs share the machine)",
-                   command="python benchmarks/serve.py " + " ".join(sys.argv[1:]))
+                   command=launch_prefix() + "python benchmarks/serve.py " + " ".join(sys.argv[1:]))
     lines = report(levels, overhead, setting)
     print("\n".join(lines))
     if args.write:
