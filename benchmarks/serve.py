@@ -1,5 +1,6 @@
-"""Serving: throughput and latency of `clover serve` at concurrency 1, 4, 16, 64, and its overhead
-over `clover generate` at batch 1.
+"""Serving: throughput and latency of `clover serve` at concurrency 1, 4, 16, 64 for each decoding
+mode (block diffusion, self-speculative, AR: the request's `mode` field, one server, one model), and
+its overhead over `clover generate` at batch 1.
 
 Reproduce:  python benchmarks/serve.py                       (the embedded model, else a random one)
             python benchmarks/serve.py --write BENCHMARKS.md  (also rewrites the "Serving" section)
@@ -7,9 +8,11 @@ Reproduce:  python benchmarks/serve.py                       (the embedded model
 
 The server runs as a subprocess (`python -m clover.cli.main serve`) on a free loopback port; the
 clients are `openai.AsyncOpenAI` streams in this process (closed loop: each of C workers sends its
-next request when the previous one ends). Per level: output tokens/s over the level's wall time,
-p50/p99 request latency, p50/p99 time to the first committed block (first streamed chunk with
-text), and failed requests. Prompts are eval prompts of the synthetic tasks, greedy, no thinking.
+next request when the previous one ends). Per level and mode (the modes run one after another at
+each concurrency, on the same prompts): output tokens/s over the level's wall time and its ratio to
+AR's, p50/p99 request latency, p50/p99 time to the first streamed text, and failed requests; then
+whether every self-speculative text equals the AR text of the same prompt (greedy, so C6 says it
+must). Prompts are eval prompts of the synthetic tasks, greedy, no thinking.
 
 Server overhead: the same prompt and settings, one request at a time, end-to-end over HTTP,
 against `clover generate`'s own code path (`generate_text`, in this process, same device, dtype
@@ -117,26 +120,32 @@ def metric(url: str, name: str) -> float:
 
 # -- load generation ---------------------------------------------------------------------------
 
-def request_body(prompt: str, args) -> dict:
+MODES = ("block_diffusion", "self_spec", "ar")
+
+
+def request_body(prompt: str, args, mode: str = "block_diffusion") -> dict:
     return dict(model="bench", messages=[{"role": "user", "content": prompt}], max_tokens=args.max_tokens,
-                temperature=0, extra_body={"block_size": args.block_size, "enable_thinking": False})
+                temperature=0, extra_body={"block_size": args.block_size, "enable_thinking": False, "mode": mode})
 
 
-async def one_stream(client, prompt: str, args) -> dict:
+async def one_stream(client, prompt: str, args, mode: str) -> dict:
     start = time.perf_counter()
-    first, tokens = None, 0
-    stream = await client.chat.completions.create(**request_body(prompt, args), stream=True,
+    first, tokens, text = None, 0, []
+    stream = await client.chat.completions.create(**request_body(prompt, args, mode), stream=True,
                                                   stream_options={"include_usage": True})
     async for chunk in stream:
-        if first is None and chunk.choices and (chunk.choices[0].delta.content or "") != "":
+        piece = chunk.choices[0].delta.content if chunk.choices else None
+        if first is None and piece:
             first = time.perf_counter() - start
+        text.append(piece or "")
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
     latency = time.perf_counter() - start
-    return dict(latency=latency, ttfb=first if first is not None else latency, tokens=tokens)
+    return dict(latency=latency, ttfb=first if first is not None else latency, tokens=tokens, prompt=prompt,
+                text="".join(text))
 
 
-async def run_level(url: str, concurrency: int, requests: list[str], args) -> dict:
+async def run_level(url: str, concurrency: int, requests: list[str], args, mode: str) -> dict:
     import openai
 
     client = openai.AsyncOpenAI(api_key="unused", base_url=url + "/v1", max_retries=0, timeout=3600,
@@ -149,7 +158,7 @@ async def run_level(url: str, concurrency: int, requests: list[str], args) -> di
         while queue:
             prompt = queue.pop()
             try:
-                results.append(await one_stream(client, prompt, args))
+                results.append(await one_stream(client, prompt, args, mode))
             except Exception as e:  # noqa: BLE001 - counted and reported
                 failures += 1
                 print(f"  request failed: {type(e).__name__}: {e}", file=sys.stderr)
@@ -158,9 +167,9 @@ async def run_level(url: str, concurrency: int, requests: list[str], args) -> di
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - start
     await client.close()
-    return dict(concurrency=concurrency, requests=len(requests), failures=failures, wall=wall,
+    return dict(concurrency=concurrency, mode=mode, requests=len(requests), failures=failures, wall=wall,
                 tokens=sum(r["tokens"] for r in results), latencies=[r["latency"] for r in results],
-                ttfbs=[r["ttfb"] for r in results])
+                ttfbs=[r["ttfb"] for r in results], texts={r["prompt"]: r["text"] for r in results})
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -222,33 +231,93 @@ def batch1_overhead(url: str, model_dir: Path, prompt: str, args) -> dict:
 
 # -- report ------------------------------------------------------------------------------------
 
-def report(levels: list[dict], overhead: dict, setting: dict) -> list[str]:
+def throughput(level: dict) -> float:
+    return level["tokens"] / level["wall"]
+
+
+def ar_ratio(level: dict, levels: list[dict]) -> str:
+    ar = next((lv for lv in levels if lv["mode"] == "ar" and lv["concurrency"] == level["concurrency"]), None)
+    return "n/a" if ar is None else f"{throughput(level) / throughput(ar):.2f}x"
+
+
+def same_text(levels: list[dict]) -> tuple[int, int]:
+    """(self_spec texts equal to the AR text of the same prompt, pairs compared), over all levels."""
+    ar = {p: t for lv in levels if lv["mode"] == "ar" for p, t in lv["texts"].items()}
+    pairs = [(t, ar[p]) for lv in levels if lv["mode"] == "self_spec" for p, t in lv["texts"].items() if p in ar]
+    return sum(a == b for a, b in pairs), len(pairs)
+
+
+def goals(levels: list[dict]) -> list[str]:
+    """The issue's goals, each met or missed by this run's figures."""
+    def ratio(mode, c):
+        lv = next((x for x in levels if x["mode"] == mode and x["concurrency"] == c), None)
+        ar = next((x for x in levels if x["mode"] == "ar" and x["concurrency"] == c), None)
+        return None if lv is None or ar is None else throughput(lv) / throughput(ar)
+
+    def verdict(ok):
+        return "n/a" if ok is None else ("**met**" if ok else "**missed**")
+
+    levels_c = sorted({lv["concurrency"] for lv in levels})
+    c1 = levels_c[0] if levels_c else None
+    bd1, ss1 = ratio("block_diffusion", c1), ratio("self_spec", c1)
+    bd_all = [ratio("block_diffusion", c) for c in levels_c]
+    equal, pairs = same_text(levels)
+    lines = []
+    if bd1 is not None:
+        lines.append(f"- block diffusion >= 2x AR tokens/s at concurrency {c1}: {bd1:.2f}x, {verdict(bd1 >= 2)}.")
+    if all(r is not None for r in bd_all) and bd_all:
+        lines.append("- block diffusion >= AR at every concurrency: "
+                     + ", ".join(f"{r:.2f}x" for r in bd_all) + f", {verdict(min(bd_all) >= 1)}.")
+    if ss1 is not None:
+        lines.append(f"- self-spec >= 1.5x AR tokens/s at concurrency {c1}: {ss1:.2f}x, {verdict(ss1 >= 1.5)}.")
+    if pairs:
+        lines.append(f"- self-spec text identical to AR text: {equal} of {pairs} requests, {verdict(equal == pairs)}.")
+    return lines
+
+
+def report(levels: list[dict], overhead: dict | None, setting: dict) -> list[str]:
     lines = [
         f"Model: {setting['model']}; device {setting['device']}, dtype {setting['dtype']}, "
-        f"threads {setting['threads']}; greedy, block size {setting['block_size']}, max_tokens "
-        f"{setting['max_tokens']}, no thinking; {setting['machine']}. Reproduce: `{setting['command']}`.",
+        f"threads {setting['threads']}; greedy, block size {setting['block_size']} (block diffusion and "
+        f"self-spec drafts), max_tokens {setting['max_tokens']}, no thinking; {setting['machine']}. "
+        f"Reproduce: `{setting['command']}`. All modes on one server and model, one after another at "
+        "each concurrency, on the same prompts.",
         "",
-        "| concurrency | requests | failed | output tokens/s | latency p50 (s) | latency p99 (s) "
-        "| first block p50 (s) | first block p99 (s) | tokens/forward |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| concurrency | mode | requests | failed | output tokens/s | vs AR | latency p50 (s) | latency p99 (s) "
+        "| first text p50 (s) | first text p99 (s) | tokens/forward |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for lv in levels:
         lines.append(
-            f"| {lv['concurrency']} | {lv['requests']} | {lv['failures']} | {lv['tokens'] / lv['wall']:.1f} "
+            f"| {lv['concurrency']} | {lv['mode']} | {lv['requests']} | {lv['failures']} "
+            f"| {throughput(lv):.1f} | {ar_ratio(lv, levels)} "
             f"| {percentile(lv['latencies'], 0.5):.3f} | {percentile(lv['latencies'], 0.99):.3f} "
             f"| {percentile(lv['ttfbs'], 0.5):.3f} | {percentile(lv['ttfbs'], 0.99):.3f} "
             f"| {lv['tokens_per_forward']:.2f} |")
+    lines += ["", "tokens/forward = output tokens per row-forward (a request's share of one batched forward); the "
+              "server runs one forward per (phase, block size) group per step, and a self-spec iteration is two "
+              "(draft, verify). Self-spec and AR rows share the engine's steps with block diffusion (one "
+              "forward per phase group: AR steps together, verifies together, drafts grouped by how many "
+              "kept tokens they commit). On a model this small a forward costs about the same whatever "
+              "its token count, so the ratios follow tokens/forward and the per-step overhead; AR also "
+              "streams one chunk per token.", "", "Goals (issue 10):", *goals(levels)]
+    if overhead is None:
+        return lines
     ratio = overhead["server"] / overhead["generate"] - 1
     lines += [
         "",
         f"Batch-1 overhead (same prompt, {overhead['tokens']} tokens, median of {setting['repeats']}): "
         f"`clover generate` {overhead['generate'] * 1000:.1f} ms, server over HTTP "
         f"{overhead['server'] * 1000:.1f} ms: **{ratio * 100:+.1f}%** (goal < +10%).",
-        "",
-        "tokens/forward = output tokens per row-forward (a request's share of one batched forward); the "
-        "server runs one forward per (phase, block size) group per step.",
     ]
     return lines
+
+
+def launch_prefix() -> str:
+    """The thread setting and niceness this run had, as the shell prefix that reproduces them."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    niceness = os.nice(0)
+    return (f"OMP_NUM_THREADS={threads} " if threads else "") + (f"nice -n {niceness} " if niceness else "")
 
 
 def main() -> None:
@@ -258,31 +327,38 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine and generate")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
+    p.add_argument("--modes", type=lambda s: [m for m in s.split(",") if m], default=list(MODES),
+                   help=f"decoding modes to measure, comma-separated (default: {','.join(MODES)})")
     p.add_argument("--requests", type=int, default=2, help="requests per level = max(this x concurrency, 8)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--block-size", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=10, help="runs for the batch-1 overhead medians")
+    p.add_argument("--repeats", type=int, default=10, help="runs for the batch-1 overhead medians (0: skip it)")
     p.add_argument("--head-scale", type=float, default=60.0, help="lm_head scale of the random model")
     p.add_argument("--write", type=Path, default=None, help="rewrite the Serving section of this file")
     args = p.parse_args()
+    bad = [m for m in args.modes if m not in MODES]
+    if bad or not args.modes:
+        p.error(f"--modes {','.join(args.modes)}: each must be one of {','.join(MODES)}")
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, model_name = resolve_model(args, Path(tmp))
         pool = prompts(max(max(args.concurrency) * args.requests, 8))
         proc, url = start_server(model_dir, args, Path(tmp) / "server.log")
         try:
-            asyncio.run(run_level(url, 2, pool[:4], args))  # warm up
+            for mode in args.modes:
+                asyncio.run(run_level(url, 2, pool[:4], args, mode))  # warm up
             levels = []
             for c in args.concurrency:
-                rows_before = metric(url, "clover_row_forwards_total")
-                tokens_before = metric(url, "clover_generation_tokens_total")
-                level = asyncio.run(run_level(url, c, pool[:max(c * args.requests, 8)], args))
-                rows = metric(url, "clover_row_forwards_total") - rows_before
-                level["tokens_per_forward"] = (metric(url, "clover_generation_tokens_total") - tokens_before) / rows
-                levels.append(level)
-                print(f"concurrency {c}: {level['tokens'] / level['wall']:.1f} tokens/s, "
-                      f"{level['failures']} failed", flush=True)
-            overhead = batch1_overhead(url, model_dir, pool[0], args)
+                for mode in args.modes:
+                    rows_before = metric(url, "clover_row_forwards_total")
+                    tokens_before = metric(url, "clover_generation_tokens_total")
+                    level = asyncio.run(run_level(url, c, pool[:max(c * args.requests, 8)], args, mode))
+                    rows = metric(url, "clover_row_forwards_total") - rows_before
+                    level["tokens_per_forward"] = (metric(url, "clover_generation_tokens_total") - tokens_before) / rows
+                    levels.append(level)
+                    print(f"concurrency {c} {mode}: {throughput(level):.1f} tokens/s, "
+                          f"{level['failures']} failed", flush=True)
+            overhead = batch1_overhead(url, model_dir, pool[0], args) if args.repeats else None
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -296,13 +372,13 @@ def main() -> None:
                    max_tokens=args.max_tokens, repeats=args.repeats,
                    machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, load average "
                            f"{os.getloadavg()[0]:.1f} at the end (other jobs share the machine)",
-                   command="python benchmarks/serve.py " + " ".join(sys.argv[1:]))
+                   command=launch_prefix() + "python benchmarks/serve.py " + " ".join(sys.argv[1:]))
     lines = report(levels, overhead, setting)
     print("\n".join(lines))
     if args.write:
         write_section(args.write, "Serving", lines)
-    print(json.dumps({"levels": [{k: v for k, v in lv.items() if k not in ("latencies", "ttfbs")}
-                                 for lv in levels], **overhead}))
+    print(json.dumps({"levels": [{k: v for k, v in lv.items() if k not in ("latencies", "ttfbs", "texts")}
+                                 for lv in levels], **(overhead or {})}))
 
 
 if __name__ == "__main__":

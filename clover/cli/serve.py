@@ -39,6 +39,9 @@ def register(sub) -> None:
                    help="cache positions one request may use (prompt + max_tokens + 2 blocks); longer requests "
                         "are refused (default: the model's context + scratch). Slots are allocated as requests "
                         "need them and reused")
+    p.add_argument("--mode", default="block_diffusion", choices=["block_diffusion", "ar", "self_spec"],
+                   help="decoding mode of requests that do not name one in their 'mode' field "
+                        "(default: block_diffusion)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the engine (default: torch's)")
     p.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json (off by default)")
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     def load(metrics):
         model, tokenizer = load_model_and_tokenizer(directory, options)
-        return Runtime.from_objects(model, tokenizer, engine_config, metrics)
+        return Runtime.from_objects(model, tokenizer, engine_config, metrics, mode=args.mode)
 
     server: Server | None = None
 

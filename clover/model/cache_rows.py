@@ -16,7 +16,8 @@ rows left-padded), and row r's new tokens left-padded by `pads[r]`. Rows that ap
 must be empty or all append the same number (padding must not sit between real GDN inputs). The
 forward changes no row's cache: only scratch positions past each row's length are written, and GDN
 states are held back. `commit(appended)` then makes each row's first `appended[r]` new tokens
-part of its cache; a forward that failed is simply not committed.
+part of its cache (a row with 0 keeps its cache as it was, GDN states included: a rejected
+self-speculative verify); a forward that failed is simply not committed.
 """
 
 import torch
@@ -64,8 +65,9 @@ class GatedDeltaNetRows:
         if self._new is None:
             return
         conv, recurrent = self._new
-        for r, layer in enumerate(self.layers):
-            layer.write(conv[r:r + 1], recurrent[r:r + 1])  # pooled: copied into the row's own storage
+        for r, (layer, num) in enumerate(zip(self.layers, appended)):
+            if num:  # a row that keeps none of its new tokens keeps its state (a rejected verify)
+                layer.write(conv[r:r + 1], recurrent[r:r + 1])  # pooled: copied into the row's own storage
         self._new = None
 
 

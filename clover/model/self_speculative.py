@@ -57,6 +57,12 @@ def draft_block(model, batch: DecodeBatch, pending: torch.Tensor, first: torch.T
             break
         block = denoise_step(logits, block, batch, position, size, greedy, processors, mask_id,
                              columns=columns).block
+    return fill_draft(logits, block, mask_id)
+
+
+def fill_draft(logits: torch.Tensor, block: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """The draft's last pass: masks of `block` [1, B] still open take the argmax of their block
+    logits [1, B-1, V] (positions 1..B-1); the mask token is never drafted."""
     logits = logits.float()
     logits[..., mask_id] = float("-inf")
     rest = block[:, 1:] == mask_id
@@ -87,15 +93,23 @@ def verify_controls(logits: torch.Tensor, batch: DecodeBatch, draft: torch.Tenso
 def verify_block(model, batch: DecodeBatch, draft: torch.Tensor, position: int, cfg, processors,
                  log: RunLog, generator=None) -> VerifyResult:
     """Causal pass over the draft (writes the cache) and the exact-match acceptance."""
-    mask_id = model.config.mask_token_id
-    logits = forward(model, batch, draft, 0, draft.shape[1], cfg, log).float()
+    logits = forward(model, batch, draft, 0, draft.shape[1], cfg, log)
+    return accept_draft(logits, batch, draft, position, cfg, processors, model.config.mask_token_id,
+                        generator)[0]
+
+
+def accept_draft(logits: torch.Tensor, batch: DecodeBatch, draft: torch.Tensor, position: int, cfg,
+                 processors, mask_id: int, generator=None) -> tuple[VerifyResult, torch.Tensor]:
+    """The exact-match acceptance of `draft` [1, B] from its causal logits [1, B, V]; also returns
+    the processed logits [1, B, V] the tokens a_j were chosen from (the AR distribution)."""
+    logits = logits.float()
     logits[..., mask_id] = float("-inf")
     logits = verify_controls(logits, batch, draft, position, cfg, processors)
     chosen, _ = predict_with_confidence(logits, cfg.do_sample, cfg.temperature, cfg.top_k, cfg.top_p,
                                         generator)  # [1, B]: a_j
     match = (draft[0, 1:] == chosen[0, :-1]).int()
     accepted = int(match.cumprod(0).sum())
-    return VerifyResult(accepted, draft[:, :accepted + 1], chosen[:, accepted:accepted + 1])
+    return VerifyResult(accepted, draft[:, :accepted + 1], chosen[:, accepted:accepted + 1]), logits
 
 
 def rollback(batch: DecodeBatch, snapshot, result: VerifyResult, size: int) -> torch.Tensor:

@@ -42,10 +42,22 @@ def refuse_unsupported(req: SamplingFields) -> None:
 
 def _overrides(req: SamplingFields, max_tokens: int | None) -> dict:
     top_k = req.top_k if req.top_k is None or req.top_k >= 0 else 0  # -1 = off, as in vLLM
-    return dict(max_new_tokens=max_tokens, block_size=req.block_size, threshold=req.threshold,
+    return dict(max_new_tokens=max_tokens, block_size=req.block_size, threshold=req.threshold, mode=req.mode,
                 temperature=req.temperature, top_p=req.top_p, top_k=top_k,
                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                 repetition_penalty=req.repetition_penalty)
+
+
+def refuse_mode_combinations(cfg, grammar) -> None:
+    """What a decoding mode cannot serve: a grammar (`response_format`) under self_spec (the draft
+    is not constrained; the model package refuses it too), and self_spec with more than one
+    block-mode pass per draft (the engine drafts in one)."""
+    if cfg.mode == "self_spec" and grammar is not None:
+        raise ParamError("response_format (json_object / json_schema) together with mode='self_spec' is not "
+                         "supported: use mode 'block_diffusion' or 'ar' for structured output", "mode")
+    if cfg.mode == "self_spec" and cfg.draft_steps != 1:
+        raise ParamError(f"draft_steps={cfg.draft_steps} (from the checkpoint's generation config) is not "
+                         "supported by the server's self_spec, which drafts in one block pass", "mode")
 
 
 def output_grammar(runtime: Runtime, req: SamplingFields):
@@ -71,6 +83,7 @@ def submit(runtime: Runtime, req: SamplingFields, prompt: Prompt, max_tokens: in
             budget = default_max_tokens(len(prompt.ids), cfg.block_size, runtime.max_model_len,
                                         cfg.max_new_tokens)
             cfg = request_config(cfg, {"max_new_tokens": budget or cfg.max_new_tokens}, runtime.vocab_size)
+        refuse_mode_combinations(cfg, grammar)
         ids = torch.tensor([prompt.ids], dtype=torch.long).view(1, -1)
         validate_prompt(ids, torch.ones_like(ids), cfg, runtime.model_config)
         if runtime.engine.pool is not None:

@@ -1,20 +1,23 @@
-"""One request's block-diffusion step, from the model package's batched decoding pieces.
+"""One request's decoding step, from the model package's batched decoding pieces: a block-diffusion
+step (`step`, `status`, `commit`), an AR token (`next_token`) or a self-speculative verify (`verify`).
 
-`clover.model.block_diffusion.denoise_step` / `block_status` and the history bookkeeping of
-`decode_batch.start_batch` / `autoregressive.append_history` work on a batch sharing one setting
-and one response position; in the server every row has its own settings, position and generator,
-so each row is a batch of one here. Contract: `RowDecoder` is owned by the engine thread.
+`clover.model.block_diffusion.denoise_step` / `block_status`, `autoregressive.next_token`,
+`self_speculative.accept_draft` and the history bookkeeping of `decode_batch.start_batch` /
+`autoregressive.append_history` work on a batch sharing one setting and one response position; in
+the server every row has its own settings, position and generator, so each row is a batch of one
+here. Contract: `RowDecoder` is owned by the engine thread.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from clover.model.autoregressive import append_history
+from clover.model.autoregressive import append_history, next_token
 from clover.model.block_diffusion import block_status, denoise_step
 from clover.model.controls import make_logits_processors
 from clover.model.decode_batch import DecodeBatch, start_batch
 from clover.model.generation_config import DecodeConfig
+from clover.model.self_speculative import VerifyResult, accept_draft
 
 
 @dataclass
@@ -110,8 +113,32 @@ class RowDecoder:
         return BlockResult(tokens, "length" if length < block.shape[0] else None)
 
     def commit(self, block: torch.Tensor) -> None:
-        """Fold a full committed block into the history the controls read."""
+        """Fold a full committed block (or any committed tokens [N]) into the history the controls read."""
         append_history(self.history, block[None], self.cfg)
+
+    def next_token(self, logits: torch.Tensor, position: int,
+                   generator: torch.Generator | None) -> tuple[int, TokenLogprob | None]:
+        """logits [V] of the last position -> the token at response `position` (AR's rule, with
+        the grammar when there is one) and its logprob entry when asked for."""
+        constraints = None if self.constraint is None else [self.constraint]
+        token = next_token(logits.view(1, 1, -1), self.history, position, self.cfg, self.processors,
+                           self.mask_token_id, generator, constraints)  # [1, 1]
+        entry = None
+        if self.recorder is not None:
+            entry = token_logprobs(self.recorder.logits.view(1, -1), token.view(1), self.top_logprobs)[0]
+        return int(token), entry
+
+    def verify(self, logits: torch.Tensor, draft: torch.Tensor, position: int,
+               generator: torch.Generator | None) -> tuple[VerifyResult, list[TokenLogprob] | None]:
+        """The causal logits [B, V] of `draft` [B] (draft[0] at response `position`) -> the
+        acceptance (SPEC §7) and, when asked for, the logprob entries of draft[1..A] and of the
+        bonus token a_A (A + 1 entries, under the AR distribution they were chosen from)."""
+        result, processed = accept_draft(logits[None], self.history, draft[None], position, self.cfg,
+                                         self.processors, self.mask_token_id, generator)  # processed [1, B, V]
+        if self.recorder is None:
+            return result, None
+        chosen = torch.cat((result.emitted[0, 1:], result.next_token[0]))  # [A + 1]: a_0..a_A
+        return result, token_logprobs(processed[0, :chosen.shape[0]], chosen, self.top_logprobs)
 
 
 def prompt_logprobs(model, prompt_ids: list[int], top: int, chunk: int) -> list[TokenLogprob | None]:

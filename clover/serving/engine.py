@@ -48,6 +48,7 @@ from clover.model.configuration_clover_moe import MAX_BLOCK_SIZE
 
 from .batch import split_cache, stack_caches, stack_inputs
 from .cache_pool import CacheCapacityError, CachePool
+from .causal_steps import CausalSteps
 from .denoise import RowDecoder, prompt_logprobs
 from .metrics import ServingMetrics
 from .prefix_cache import PrefixCache
@@ -77,7 +78,7 @@ class Batched:
     cache_pads: list[int] | None = None
 
 
-class Engine:
+class Engine(CausalSteps):
     def __init__(self, model, tokenizer, config: EngineConfig = EngineConfig(),
                  metrics: ServingMetrics | None = None):
         self.model, self.tokenizer, self.config = model, tokenizer, config
@@ -224,20 +225,33 @@ class Engine:
         batched = self._batch(group, inputs.pads)
         mask = inputs.new_mask if batched.key_mask is None else torch.cat((batched.key_mask, inputs.new_mask), 1)
         out = self.model(inputs.input_ids, attention_mask=mask, past_key_values=batched.cache, block_len=b,
-                         logits_to_keep=max(b, 1))
+                         logits_to_keep=group.logits_to_keep)
         self.metrics.forward_passes.inc()
         self.metrics.row_forwards.inc(len(seqs))
+        appended, verdicts = [len(c) for c in causal], [None] * len(seqs)
+        if group.phase is Phase.VERIFY:  # what a verify keeps depends on its acceptance
+            for row, seq in enumerate(seqs):
+                verdicts[row] = self._guarded(seq, self._verdict, out.logits[row])
+                appended[row] = 0 if verdicts[row] is None else self._kept(seq, verdicts[row])
         if group.phase is not Phase.DENOISE:
-            self._write_back(group, batched, inputs.pads, [len(c) for c in causal])
+            self._write_back(group, batched, inputs.pads, appended)
         for row, seq in enumerate(seqs):
             seq.num_forwards += 1
-            if not b:  # a prompt piece: nothing to decode yet
+            if group.phase is Phase.CHUNK or seq.finished:  # a prompt piece: nothing to decode yet
                 continue
-            try:
-                self._advance(seq, out.logits[row])
-            except Exception as e:  # noqa: BLE001 - one bad row must not fail the batch
-                log.exception("request %s failed", seq.request_id)
-                self._finish(seq, "error", error=f"{type(e).__name__} during decoding")
+            if seq.mode == "block_diffusion":
+                self._guarded(seq, self._advance, out.logits[row])
+            else:
+                self._guarded(seq, self._advance_causal, out.logits[row], verdicts[row])
+
+    def _guarded(self, seq: Sequence, fn, *args):
+        """`fn(seq, *args)`; if it raises, only `seq` fails (one bad row must not fail the batch)."""
+        try:
+            return fn(seq, *args)
+        except Exception as e:  # noqa: BLE001 - one bad row must not fail the batch
+            log.exception("request %s failed", seq.request_id)
+            self._finish(seq, "error", error=f"{type(e).__name__} during decoding")
+            return None
 
     def _write_back(self, group: Group, batched: Batched, pads: list[int], appended: list[int]) -> None:
         """Make each row's appended tokens part of its cache; its prompt piece or commit is done."""
@@ -247,8 +261,9 @@ class Engine:
         else:
             starts = [cp + p for cp, p in zip(batched.cache_pads, pads)]
             owns = split_cache(batched.cache, starts, [self.model.new_cache() for _ in starts])
-            for seq, own in zip(group.seqs, owns):
-                seq.cache = own
+            for seq, own, n in zip(group.seqs, owns, appended):
+                if n:  # a row keeping nothing (a rejected verify) keeps its cache as it was
+                    seq.cache = own
         chunk = self.config.scheduler.prefill_chunk
         for seq, n in zip(group.seqs, appended):
             seq.pending = []
@@ -269,6 +284,15 @@ class Engine:
             return
         tokens, reason = result.tokens, result.finish_reason
         logprobs = seq.decoder.take_logprobs(len(tokens))
+        if self._emit(seq, tokens, logprobs, reason):
+            return
+        seq.decoder.commit(seq.block)
+        seq.pending, seq.phase = tokens, Phase.COMMIT
+        seq.new_block(self.device)
+
+    def _emit(self, seq: Sequence, tokens: list[int], logprobs: list | None, reason: str | None) -> bool:
+        """Hand newly final response tokens to the request, finishing it on `reason` or when its
+        budget is spent; returns whether it finished."""
         seq.generated += tokens
         self.metrics.generation_tokens.inc(len(tokens))
         if seq.first_block_at is None:
@@ -278,14 +302,13 @@ class Engine:
             reason = "length"
         if reason is not None:
             self._finish(seq, reason, tokens, logprobs=logprobs)
-            return
-        seq.decoder.commit(seq.block)
-        seq.pending, seq.phase = tokens, Phase.COMMIT
-        seq.new_block(self.device)
+            return True
         self._report(seq, tokens, logprobs=logprobs)
+        return False
 
     def _finish(self, seq: Sequence, reason: str, tokens: list[int] | None = None, error: str | None = None,
                 logprobs: list | None = None):
+        seq.finished = True
         self._forget([seq])  # no batch holding its cache may outlive the request
         if self.pool is not None and seq.cache is not None:
             self.pool.release(seq.cache)

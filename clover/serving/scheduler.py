@@ -4,8 +4,9 @@ Contract: `submit` and `abort` may be called from any thread; everything else ru
 thread. Waiting requests are admitted between steps, which is a block boundary for every running
 sequence (each step ends with whole-block decisions). Rows of one forward must share `block_len`
 and, when they have a cache, the number of tokens they append; so a step makes one group per
-(phase, block length, empty cache or not, tokens appended by cached prompt rows): prompt pieces,
-prefills, fused commits, denoising steps.
+(phase, block length, logits read, empty cache or not, tokens appended by cached rows): prompt
+pieces, prefills, fused commits, denoising steps, and the causal modes' AR steps, drafts and
+verifies (`sequence.py`). Requests of different modes therefore share a step, in different forwards.
 
 Step token budget: a step feeds at most `max_step_tokens` prompt tokens (like vLLM's batched-token
 budget), shortest remaining prompt first, alongside every denoising and commit row; a long prompt
@@ -40,8 +41,9 @@ class SchedulerConfig:
 @dataclass
 class Group:
     phase: Phase
-    block_len: int  # 0 for prompt pieces
+    block_len: int  # 0 for prompt pieces and causal steps
     seqs: list[Sequence]
+    logits_to_keep: int = 1  # last positions whose logits the rows read
 
 
 class Scheduler:
@@ -118,16 +120,16 @@ class Scheduler:
         return chosen
 
     def groups(self) -> list[Group]:
-        """This step's forwards: running sequences grouped by (phase, block length, cached or not,
-        tokens appended by a cached prompt row), in admission order."""
+        """This step's forwards: running sequences grouped by (phase, block length, logits read,
+        cached or not, tokens appended by a cached row), in admission order."""
         feeding = self.plan_prompt_tokens()
         groups: dict[tuple, Group] = {}
         for seq in self.running:
             if seq.in_prompt and id(seq) not in feeding:
                 continue
-            appended = seq.step_tokens if seq.in_prompt and seq.has_cache else 0
-            key = (seq.phase, seq.block_len, seq.has_cache, appended)
-            groups.setdefault(key, Group(seq.phase, seq.block_len, [])).seqs.append(seq)
+            appended = seq.appends if seq.has_cache else 0
+            key = (seq.phase, seq.block_len, seq.logits_to_keep, seq.has_cache, appended)
+            groups.setdefault(key, Group(seq.phase, seq.block_len, [], seq.logits_to_keep)).seqs.append(seq)
         return list(groups.values())
 
     def finish(self, seq: Sequence) -> None:

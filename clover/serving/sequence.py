@@ -4,8 +4,16 @@ A `Sequence` is owned by the engine thread. Its phase says what its next forward
 
   CHUNK    [prompt piece]                a causal prompt piece of a long prompt (writes the cache)
   PREFILL  [rest of prompt, B masks]     the (last) causal prompt piece + the first block
+                                         (mode "ar" / "self_spec": no block; the last logit
+                                         gives the first token)
   DENOISE  [block]                       block mode only (reads the cache)
   COMMIT   [finished block, B masks]     fused commit (writes) + next block (SPEC §3.3, C3)
+  STEP     [last token]                  mode "ar": causal, writes; its logit gives the next token
+  DRAFT    [pending, p, B-1 masks]       mode "self_spec" (SPEC §7): commits the tokens kept by the
+                                         last verify that the cache lacks (writes) and drafts a
+                                         block after the known next token p (block mode)
+  VERIFY   [draft]                       mode "self_spec": causal over the draft; the engine keeps
+                                         all B positions if every draft token holds, else none
 
 A prompt is fed in pieces that end on the grid of the chunk size C (`prompt_piece_end`, the rule
 `model.generate` uses too), the last one fused with the first block; the scheduler may cut a piece
@@ -29,6 +37,9 @@ class Phase(Enum):
     PREFILL = "prefill"
     DENOISE = "denoise"
     COMMIT = "commit"
+    STEP = "step"
+    DRAFT = "draft"
+    VERIFY = "verify"
 
 
 @dataclass
@@ -73,14 +84,17 @@ class Sequence:
     decoder: object = None  # denoise.RowDecoder, set at admission
     phase: Phase = Phase.PREFILL
     cache: CloverCache | None = None
-    block: torch.Tensor | None = None  # [B] current block, mask_token_id where unfilled
-    pending: list[int] = field(default_factory=list)  # finished block waiting to be committed
+    block: torch.Tensor | None = None  # [B] current block (self_spec: the draft), mask_token_id where unfilled
+    pending: list[int] = field(default_factory=list)  # response tokens the cache still lacks (next forward appends them)
+    token: int | None = None  # self_spec: the known next token p that opens the next draft
+    token_logprob: object = None  # self_spec: p's logprob entry when logprobs are asked for
     prefilled: int = 0  # prompt tokens already in the cache
     step_tokens: int = 0  # prompt tokens this step feeds (set by the scheduler; 0: sits out)
     generated: list[int] = field(default_factory=list)
     num_forwards: int = 0
     admitted_at: float | None = None
     first_block_at: float | None = None
+    finished: bool = False  # left the batch (done, failed or aborted)
     prompt_logprobs: list | None = None  # computed at admission when asked for; sent with the first report
 
     @property
@@ -94,6 +108,10 @@ class Sequence:
     @property
     def block_size(self) -> int:
         return self.params.block_size
+
+    @property
+    def mode(self) -> str:
+        return self.params.mode
 
     @property
     def remaining(self) -> int:
@@ -132,14 +150,35 @@ class Sequence:
         prompt = self.request.prompt_ids
         if self.in_prompt:
             return prompt[self.prefilled:self.prefilled + self.step_tokens]
-        if self.phase is Phase.COMMIT:
+        if self.phase in (Phase.COMMIT, Phase.STEP, Phase.DRAFT):
             return self.pending
+        if self.phase is Phase.VERIFY:
+            return self.block.tolist()
         return []
 
     @property
+    def appends(self) -> int:
+        """Causal tokens this step's forward feeds (rows of a forward with caches must agree)."""
+        if self.in_prompt:
+            return self.step_tokens
+        if self.phase is Phase.VERIFY:
+            return self.block_size
+        return 0 if self.phase is Phase.DENOISE else len(self.pending)
+
+    @property
     def block_len(self) -> int:
-        """Block positions in this step's input (0 while feeding prompt pieces)."""
-        return 0 if self.phase is Phase.CHUNK else self.block_size
+        """Block positions in this step's input (0 while feeding prompt pieces and in causal modes'
+        prefill, step and verify)."""
+        if self.phase is Phase.CHUNK or self.phase in (Phase.STEP, Phase.VERIFY):
+            return 0
+        if self.phase is Phase.PREFILL and self.mode != "block_diffusion":
+            return 0
+        return self.block_size
+
+    @property
+    def logits_to_keep(self) -> int:
+        """Logits this step reads: the block's, the draft's (verify), else the last position's."""
+        return self.block_size if self.phase is Phase.VERIFY else max(self.block_len, 1)
 
     def new_block(self, device) -> None:
         self.block = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=device)
