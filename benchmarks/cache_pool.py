@@ -26,7 +26,7 @@ from common import embedded_engine_inputs  # noqa: E402
 def prepared(model, tok, cfg, prompts, pool: bool):
     """An engine whose requests are all past their prompts; returns (engine, outputs per request)."""
     from clover.serving.engine import Engine, EngineConfig
-    from clover.serving.sequence import EngineRequest
+    from clover.serving.scheduler import EngineRequest
 
     engine = Engine(model, tok, EngineConfig(cache_pool=pool))
     outs = {}

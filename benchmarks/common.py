@@ -42,7 +42,8 @@ def embedded_engine_inputs(max_new_tokens: int):
     its whole budget)."""
     import clover
     from clover.loading import LoadOptions, load_model_and_tokenizer
-    from clover.serving.params import request_config, server_defaults
+    from clover.serving.admission import request_config
+    from clover.serving.runtime import server_defaults
 
     model, tok = load_model_and_tokenizer(clover.default_model_dir(), LoadOptions(device="cpu", dtype="fp32"))
     cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=max_new_tokens, eos_token_id=[]),

@@ -31,7 +31,7 @@ def child(engine: str, context: int, rows: int, steps: int, threads: int) -> dic
     from common import embedded_engine_inputs
 
     from clover.serving.engine import Engine, EngineConfig
-    from clover.serving.sequence import EngineRequest
+    from clover.serving.scheduler import EngineRequest
 
     torch.set_num_threads(threads)
     model, tok, cfg = embedded_engine_inputs(max_new_tokens=64 * steps)

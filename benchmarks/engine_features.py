@@ -31,7 +31,7 @@ def make_engine(model, tok, **scheduler):
 def drive(engine, requests, cfg, submit_at=None):
     """Submit (id, ids) requests (request i at engine step submit_at[i]); step until idle.
     Returns id -> (seconds to first block, seconds to finish)."""
-    from clover.serving.sequence import EngineRequest
+    from clover.serving.scheduler import EngineRequest
 
     submit_at = submit_at or [0] * len(requests)
     first, done, start = {}, {}, {}

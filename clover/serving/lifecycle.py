@@ -12,13 +12,13 @@ from contextlib import aclosing
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from .async_engine import RequestStream
-from .errors import ClientGone, internal
+from .admission import Prompt
+from .http_server import ClientGone, internal
 from .metrics import ServingMetrics
 from .output import ResponseText
-from .prompts import Prompt
+from .runtime import RequestStream
+from .scheduler import RequestOutput
 from .schemas import Usage
-from .sequence import RequestOutput
 
 log = logging.getLogger("clover.serve")
 

@@ -1,16 +1,78 @@
-"""What the HTTP layer needs once the model is up (the engine over a loaded model and tokenizer)."""
+"""What the HTTP layer needs once the model is up: the engine over a loaded model and tokenizer, its
+default decoding settings, and the engine seen from asyncio (submit a request, iterate its outputs,
+abort it when abandoned)."""
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from clover.model.generation_config import MODES, DecodeConfig
+from clover.model.generation_config import MODES, DecodeConfig, resolve_config
 
-from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
 from .metrics import ServingMetrics
-from .params import server_defaults
+from .scheduler import EngineRequest, RequestOutput
+
+class RequestStream:
+    """Outputs of one request, delivered from the engine thread into this event loop."""
+
+    def __init__(self, engine: Engine, request: EngineRequest):
+        self.engine, self.request = engine, request
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.finished = False
+
+    def sink(self, output: RequestOutput) -> None:  # engine thread
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, output)
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        while not self.finished:
+            output = await self.queue.get()
+            self.finished = output.finished
+            yield output
+
+    def abort(self) -> None:
+        """Stop the request (client gone, stop string found); harmless once finished."""
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request.request_id)
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def generate(self, request: EngineRequest) -> RequestStream:
+        """Queue the request (raises `QueueFullError`) and return its output stream."""
+        stream = RequestStream(self.engine, request)
+        self.engine.submit(request, stream.sink)
+        return stream
+
 
 log = logging.getLogger("clover.serve")
+
+EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")  # SPEC §10
+THINK_TOKENS = ("<think>", "</think>")
+
+
+def _token_id(tokenizer, token: str) -> int | None:
+    tid = tokenizer.convert_tokens_to_ids(token)
+    return tid if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0 else None
+
+
+def server_defaults(model, tokenizer) -> DecodeConfig:
+    """The model's resolved decoding defaults; EOS and think token ids the checkpoint leaves unset
+    come from the tokenizer (the chat format's, SPEC §10), as `clover generate` does."""
+    base = resolve_config(getattr(model, "generation_config", None), model.config, {})
+    eos = base.eos_token_id or tuple(t for t in (_token_id(tokenizer, s) for s in EOS_TOKENS) if t is not None)
+    think_start, think_end = (_token_id(tokenizer, s) for s in THINK_TOKENS)
+    return replace(base, eos_token_id=eos,
+                   think_start_token_id=_first_set(base.think_start_token_id, think_start),
+                   think_end_token_id=_first_set(base.think_end_token_id, think_end))
+
+
+def _first_set(*values):
+    return next((v for v in values if v is not None), None)
 
 
 @dataclass

@@ -1,4 +1,7 @@
-"""Admission and grouping: which sequences run in this step, and in which forwards.
+"""Scheduling: each request's decoding state inside the engine (`Sequence`), and which sequences run
+in a step, in which forwards.
+
+Admission and grouping: which sequences run in this step, and in which forwards.
 
 Contract: `submit` and `abort` may be called from any thread; everything else runs on the engine
 thread. Waiting requests are admitted between steps, which is a block boundary for every running
@@ -6,18 +9,203 @@ sequence (each step ends with whole-block decisions). Rows of one forward must s
 and, when they have a cache, the number of tokens they append; so a step makes one group per
 (phase, block length, logits read, empty cache or not, tokens appended by cached rows): prompt
 pieces, prefills, fused commits, denoising steps, and the causal modes' AR steps, drafts and
-verifies (`sequence.py`). Requests of different modes therefore share a step, in different forwards.
+verifies (`Phase`, below). Requests of different modes therefore share a step, in different forwards.
 
 Step token budget: a step feeds at most `max_step_tokens` prompt tokens (like vLLM's batched-token
 budget), shortest remaining prompt first, alongside every denoising and commit row; a long prompt
 therefore advances piece by piece while short requests start and finish between its pieces.
+
+One request's decoding state inside the engine, and what the engine reports back for it.
+
+A `Sequence` is owned by the engine thread. Its phase says what its next forward feeds:
+
+  CHUNK    [prompt piece]                a causal prompt piece of a long prompt (writes the cache)
+  PREFILL  [rest of prompt, B masks]     the (last) causal prompt piece + the first block
+                                         (mode "ar" / "self_spec": no block; the last logit
+                                         gives the first token)
+  DENOISE  [block]                       block mode only (reads the cache)
+  COMMIT   [finished block, B masks]     fused commit (writes) + next block (SPEC §3.3, C3)
+  STEP     [last token]                  mode "ar": causal, writes; its logit gives the next token
+  DRAFT    [pending, p, B-1 masks]       mode "self_spec" (SPEC §7): commits the tokens kept by the
+                                         last verify that the cache lacks (writes) and drafts a
+                                         block after the known next token p (block mode)
+  VERIFY   [draft]                       mode "self_spec": causal over the draft; the engine keeps
+                                         all B positions if every draft token holds, else none
+
+A prompt is fed in pieces that end on the grid of the chunk size C (`prompt_piece_end`, the rule
+`model.generate` uses too), the last one fused with the first block; the scheduler may cut a piece
+shorter to keep a step within its prompt-token budget (`step_tokens`). Pieces ending on the grid
+are where the prefix cache stores and restores prompt state.
 """
 
 import threading
+import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 
-from .sequence import Phase, Sequence
+import torch
+
+from clover.model import CloverCache
+from clover.model.decode_batch import prompt_piece_end
+from clover.model.generation_config import DecodeConfig
+
+class Phase(Enum):
+    CHUNK = "chunk"
+    PREFILL = "prefill"
+    DENOISE = "denoise"
+    COMMIT = "commit"
+    STEP = "step"
+    DRAFT = "draft"
+    VERIFY = "verify"
+
+
+@dataclass
+class EngineRequest:
+    """What the HTTP layer submits: token ids, resolved settings and the sampling seed."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: DecodeConfig
+    seed: int | None = None
+    top_logprobs: int | None = None  # report each token's logprob and this many alternatives (None: off)
+    prompt_logprobs: bool = False  # also the prompt tokens' (with `top_logprobs` alternatives), once
+    grammar: object = None  # `clover.structured.Grammar` of the response_format (None: free text)
+    arrival: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class RequestOutput:
+    """One report for a request: the tokens of newly committed blocks, cumulative counters, and
+    `finish_reason` ("stop", "length", "abort" or "error") on the last report."""
+
+    request_id: str
+    new_token_ids: list[int]
+    num_generated: int
+    num_forwards: int
+    finish_reason: str | None = None
+    error: str | None = None
+    new_logprobs: list | None = None  # per new token: (logprob, [(id, logprob), ...]) when asked for
+    prompt_logprobs: list | None = None  # per prompt token (None for the first), on the first report only
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: EngineRequest
+    sink: object  # callable(RequestOutput), thread-safe
+    mask_token_id: int
+    generator: torch.Generator | None = None
+    decoder: object = None  # denoise.RowDecoder, set at admission
+    phase: Phase = Phase.PREFILL
+    cache: CloverCache | None = None
+    block: torch.Tensor | None = None  # [B] current block (self_spec: the draft), mask_token_id where unfilled
+    pending: list[int] = field(default_factory=list)  # response tokens the cache still lacks (next forward appends them)
+    token: int | None = None  # self_spec: the known next token p that opens the next draft
+    token_logprob: object = None  # self_spec: p's logprob entry when logprobs are asked for
+    prefilled: int = 0  # prompt tokens already in the cache
+    step_tokens: int = 0  # prompt tokens this step feeds (set by the scheduler; 0: sits out)
+    generated: list[int] = field(default_factory=list)
+    num_forwards: int = 0
+    admitted_at: float | None = None
+    first_block_at: float | None = None
+    finished: bool = False  # left the batch (done, failed or aborted)
+    prompt_logprobs: list | None = None  # computed at admission when asked for; sent with the first report
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def params(self) -> DecodeConfig:
+        return self.request.params
+
+    @property
+    def block_size(self) -> int:
+        return self.params.block_size
+
+    @property
+    def mode(self) -> str:
+        return self.params.mode
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.generated)
+
+    @property
+    def prompt_left(self) -> int:
+        return len(self.request.prompt_ids) - self.prefilled
+
+    @property
+    def has_cache(self) -> bool:
+        """Whether its cache holds any position (an empty one may be left-padded in a forward)."""
+        return self.cache is not None and self.cache.get_seq_length() > 0
+
+    @property
+    def in_prompt(self) -> bool:
+        return self.phase in (Phase.CHUNK, Phase.PREFILL)
+
+    def next_piece(self, chunk: int) -> int:
+        """Length of the next prompt piece on the grid of `chunk`."""
+        total = len(self.request.prompt_ids)
+        return prompt_piece_end(self.prefilled, total, chunk) - self.prefilled
+
+    def plan_prompt_step(self, tokens: int) -> None:
+        """Feed `tokens` prompt tokens this step: PREFILL (with the first block) if they finish the
+        prompt, else CHUNK."""
+        self.step_tokens = tokens
+        self.phase = Phase.PREFILL if tokens == self.prompt_left else Phase.CHUNK
+
+    def next_prompt_phase(self, chunk: int) -> None:
+        """CHUNK while more than one piece of the prompt is left, then PREFILL."""
+        self.plan_prompt_step(self.next_piece(chunk))
+
+    def causal_input(self, chunk: int) -> list[int]:
+        """Tokens this step appends to the cache (before the block, if any)."""
+        prompt = self.request.prompt_ids
+        if self.in_prompt:
+            return prompt[self.prefilled:self.prefilled + self.step_tokens]
+        if self.phase in (Phase.COMMIT, Phase.STEP, Phase.DRAFT):
+            return self.pending
+        if self.phase is Phase.VERIFY:
+            return self.block.tolist()
+        return []
+
+    @property
+    def appends(self) -> int:
+        """Causal tokens this step's forward feeds (rows of a forward with caches must agree)."""
+        if self.in_prompt:
+            return self.step_tokens
+        if self.phase is Phase.VERIFY:
+            return self.block_size
+        return 0 if self.phase is Phase.DENOISE else len(self.pending)
+
+    @property
+    def block_len(self) -> int:
+        """Block positions in this step's input (0 while feeding prompt pieces and in causal modes'
+        prefill, step and verify)."""
+        if self.phase is Phase.CHUNK or self.phase in (Phase.STEP, Phase.VERIFY):
+            return 0
+        if self.phase is Phase.PREFILL and self.mode != "block_diffusion":
+            return 0
+        return self.block_size
+
+    @property
+    def logits_to_keep(self) -> int:
+        """Logits this step reads: the block's, the draft's (verify), else the last position's."""
+        return self.block_size if self.phase is Phase.VERIFY else max(self.block_len, 1)
+
+    def new_block(self, device) -> None:
+        self.block = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=device)
+
+    def report(self, new_tokens: list[int], finish_reason: str | None = None, error: str | None = None,
+               logprobs: list | None = None):
+        prompt_logprobs, self.prompt_logprobs = self.prompt_logprobs, None
+        self.sink(RequestOutput(self.request_id, new_tokens, len(self.generated), self.num_forwards,
+                                finish_reason, error, logprobs, prompt_logprobs))
 
 
 class QueueFullError(RuntimeError):

@@ -6,10 +6,10 @@ request too long for a slot refused by name while the others go on."""
 import pytest
 import torch
 
+from clover.serving.admission import request_config
 from clover.serving.engine import Engine, EngineConfig
-from clover.serving.params import request_config, server_defaults
-from clover.serving.scheduler import SchedulerConfig
-from clover.serving.sequence import EngineRequest
+from clover.serving.runtime import server_defaults
+from clover.serving.scheduler import EngineRequest, SchedulerConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -4,11 +4,11 @@ cache stacking, admission bounds, aborts."""
 import pytest
 import torch
 
-from clover.serving.batch import split_cache, stack_caches
+from clover.serving.admission import request_config
+from clover.serving.cache import split_cache, stack_caches
 from clover.serving.engine import Engine, EngineConfig
-from clover.serving.params import request_config, server_defaults
-from clover.serving.scheduler import QueueFullError, SchedulerConfig
-from clover.serving.sequence import EngineRequest, Phase
+from clover.serving.runtime import server_defaults
+from clover.serving.scheduler import EngineRequest, Phase, QueueFullError, SchedulerConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

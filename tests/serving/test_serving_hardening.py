@@ -9,8 +9,8 @@ import time
 import pytest
 
 from clover.serving import EngineConfig, Runtime, ServerConfig, create_app
+from clover.serving.admission import chat_prompt, completion_prompt, max_prompt_bytes
 from clover.serving.http_server import ConnectionLimits
-from clover.serving.prompts import chat_prompt, completion_prompt, max_prompt_bytes
 from clover.serving.schemas import ChatCompletionRequest, CompletionRequest
 from serve_fixtures import ScriptedModel, ServerThread, make_tokenizer, scripted_answer, serve_scripted, wait_ready
 from test_serving_errors import KEY, MODEL, assert_error_shape, chat_body, client_for, raw
@@ -81,7 +81,7 @@ def test_500_is_counted_in_metrics(server, monkeypatch):
     def broken(*args):
         raise RuntimeError("unexpected")
 
-    monkeypatch.setattr("clover.serving.chat.chat_prompt", broken)
+    monkeypatch.setattr("clover.serving.app.chat_prompt", broken)
     status, _, body = raw(server, "POST", "/v1/chat/completions", chat_body())
     assert status == 500 and "unexpected" not in json.dumps(body)
     assert_error_shape(body, "server_error")

@@ -11,7 +11,7 @@ import torch
 
 from clover.serving import EngineConfig, SchedulerConfig, ServerConfig
 from clover.serving.denoise import RowDecoder, prompt_logprobs
-from clover.serving.logprobs import chat_logprobs, completion_logprobs
+from clover.serving.output import chat_logprobs, completion_logprobs
 from serve_fixtures import make_model, make_tokenizer, serve_model
 
 MODEL = "tiny-clover"

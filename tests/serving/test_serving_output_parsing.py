@@ -5,9 +5,7 @@ import json
 import pytest
 
 from clover.serving.metrics import ServingMetrics
-from clover.serving.output import ChatView, ResponseText
-from clover.serving.reasoning import split_reasoning
-from clover.serving.tool_parser import split_tool_calls
+from clover.serving.output import ChatView, ResponseText, split_reasoning, split_tool_calls
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 

@@ -4,10 +4,10 @@
 import pytest
 import torch
 
+from clover.serving.admission import request_config
 from clover.serving.engine import Engine, EngineConfig
-from clover.serving.params import request_config, server_defaults
-from clover.serving.scheduler import SchedulerConfig
-from clover.serving.sequence import EngineRequest
+from clover.serving.runtime import server_defaults
+from clover.serving.scheduler import EngineRequest, SchedulerConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,7 +49,7 @@ def test_a_prefix_hit_gives_the_same_tokens(model, tok):
 def test_lru_eviction_keeps_the_budget(model, tok):
     """Three pages stored under a budget of two: the least recently used one goes, and a chain
     missing a page stops hitting there."""
-    from clover.serving.prefix_cache import PrefixCache
+    from clover.serving.cache import PrefixCache
 
     prompt = tok.encode(SYSTEM)[:25]
     cache, pages = model.new_cache(), PrefixCache(2 ** 30, 8)
