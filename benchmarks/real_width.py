@@ -4,7 +4,7 @@ Reproduce:  python benchmarks/real_width_checkpoint.py --steps write convert   (
             python benchmarks/real_width.py /tmp/clover-real-width/clover [--threads N] [--repeats 5]
 
 Steps timed (bf16, after a `--context`-token causal prefix in the cache): an AR decode step (1 token;
-also with oneDNN's kernels, as before `clover.model.cpu_kernels`),
+also with oneDNN's kernels, as before `clover.model.modeling_clover_moe`),
 32-token block steps with and without the MoE coreset (the first denoising step: 32 masks; a
 half-denoised block: 16 random tokens and 16 masks, logits for the masked 16), and the fused commit
 (32 committed tokens causal + the next block's 32 masks, coreset on). Each unit (embedding, each
@@ -36,7 +36,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from clover.model import CloverMoeForCausalLM, cpu_kernels  # noqa: E402
+from clover.model import CloverMoeForCausalLM  # noqa: E402
+from clover.model import modeling_clover_moe as cpu_kernels  # noqa: E402
 
 BLOCK = 32
 FULL_LAYERS = {"linear_attention": 30, "full_attention": 10}  # the released 40-layer model
@@ -129,7 +130,7 @@ def steps(model: CloverMoeForCausalLM, context: int, seed: int = 1) -> dict:
         return (lambda c: model(ids, past_key_values=c, block_len=BLOCK, use_coreset=coreset,
                                 logits_to_keep=keep), lambda: cache, BLOCK)
 
-    def onednn_decode(c):  # the step as it ran before clover.model.cpu_kernels
+    def onednn_decode(c):  # the step as it ran before clover.model.modeling_clover_moe
         saved, cpu_kernels.prefers_native_gemv = cpu_kernels.prefers_native_gemv, lambda *args: False
         try:
             return model(token, past_key_values=c)

@@ -7,7 +7,7 @@
 not). Output is compact JSON (separators "," and ":", no free whitespace), so a value always ends in
 a bounded number of tokens beyond its content. Why llguidance (measured against xgrammar and
 outlines-core on the embedded tokenizer): BENCHMARKS.md, "Structured output: grammar libraries".
-The decoding rule (left-to-right runs inside a block): `clover/model/generation_constraint.py`.
+The decoding rule (left-to-right runs inside a block): `clover/model/generation_sampling.py`.
 """
 
 import json
@@ -63,7 +63,7 @@ class Grammar:
 
 
 class GrammarConstraint:
-    """One row's matcher, in the protocol of `clover.model.generation_constraint`."""
+    """One row's matcher, in the protocol of `clover.model.generation_sampling`."""
 
     def __init__(self, matcher, vocab_size: int):
         self.matcher, self.vocab_size = matcher, vocab_size

@@ -180,7 +180,7 @@ def stream_text(model, tokenizer, ids: list[int], settings: dict, show_denoising
     """Decode, writing text to `out` as blocks commit; returns the `GenerateOutput`."""
     import torch
 
-    from clover.model.events import BlockEvent, DoneEvent, StepEvent
+    from clover.model.generation_batch import BlockEvent, DoneEvent, StepEvent
 
     text = TextStream(tokenizer, eos_ids(model, settings))
     view = DenoisingView(tokenizer, out, out.isatty()) if show_denoising else None

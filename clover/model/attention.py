@@ -1,13 +1,40 @@
-"""Gated full attention (Qwen3.5): causal over the prefix, bidirectional inside the block."""
+"""Gated full attention (Qwen3.5): causal over the prefix, bidirectional inside the block, with partial
+rotary position embedding (only the first `head_dim · partial_rotary_factor` dims rotate).
+"""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import AttentionLayerCache
-from .cache_rows import AttentionRows
+from .cache import AttentionLayerCache, AttentionRows
 from .norms import RMSNorm
-from .rope import apply_rotary
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, partial_rotary_factor: float, theta: float):
+        super().__init__()
+        self.rotary_dim = int(head_dim * partial_rotary_factor)
+        exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.float) / self.rotary_dim
+        self.register_buffer("inv_freq", 1.0 / (theta ** exponents), persistent=False)
+
+    @torch.no_grad()
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype):
+        """position_ids [B, T] -> (cos, sin), each [B, T, rotary_dim]."""
+        freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D]; cos/sin [B, T, R] with R <= D. Dims past R pass through."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
 
 
 def prefix_block_mask(key_is_real: torch.Tensor, num_new: int, block_len: int) -> torch.Tensor:
@@ -82,7 +109,7 @@ class GatedAttention(nn.Module):
         return self.o_proj(out * torch.sigmoid(gate))
 
     def _attend_rows(self, query, key, value, rows: AttentionRows, block_len: int) -> torch.Tensor:
-        """Each row over its own cache, unpadded (`cache_rows`): query [G, H, T, D], key/value
+        """Each row over its own cache, unpadded (`cache.RowsCache`): query [G, H, T, D], key/value
         [G, H_kv, T, D]. Row r's new tokens follow its `rows.pads[r]` padding, whose outputs stay 0."""
         out = query.new_zeros(query.shape)
         for r, (keys, values) in enumerate(rows.read(key, value)):  # [1, H_kv, L_r + T - pad, D]

@@ -5,7 +5,7 @@ The cache pool: per-request caches allocated once, written in place, reused by l
 
 A slot is a pooled batch-1 `CloverCache` (`clover.model.cache`: attention keys/values in buffers
 written in place, GDN states overwritten in place). A request takes a slot at admission and keeps
-it for its whole life; a step's forward reads its rows' slots in place (`clover.model.cache_rows`),
+it for its whole life; a step's forward reads its rows' slots in place (`clover.model.cache`),
 so no step stacks, splits or concatenates cached keys. When the request leaves, the slot is
 emptied (its buffers kept) and handed to the next request that fits in it.
 
@@ -20,7 +20,7 @@ Contract: owned by the engine thread; at most `num_slots` slots are taken at onc
 Prefix caching: the prompt's cache at page boundaries, reused by later requests that share it.
 
 A page is `page` prompt tokens ending at a multiple of `page` (prompt pieces end on that grid,
-`clover.model.decode_batch.prompt_piece_end`). An entry, keyed by the hash chain of the token
+`clover.model.generation_batch.prompt_piece_end`). An entry, keyed by the hash chain of the token
 prefix up to its boundary, holds that page's attention keys/values and the GDN conv/recurrent
 states at the boundary (the recurrent state summarises everything before, so it cannot be shared
 across pages). A hit on pages 1..k is written into the request's empty cache (its pool slot, in
@@ -32,7 +32,7 @@ Contract: owned by the engine thread. Stored tensors are copies: no request's ca
 The rows of one forward: their inputs (`stack_inputs`, both paths) and, for the engine's plain
 twin (`EngineConfig(cache_pool=False)`), per-request growing caches stacked into one batched cache
 and split back after the forward (a copy of every row's cache per step; the cache pool reads
-the rows in place instead, `clover.model.cache_rows`).
+the rows in place instead, `clover.model.cache`).
 
 Every row of a forward appends the same number of tokens, except prefill rows, whose caches are
 empty: a prompt is left-padded, which is exact (padding keys are masked out, and a zero GDN input
@@ -48,7 +48,7 @@ import torch
 
 from clover.model import CloverCache
 from clover.model.cache import AttentionLayerCache
-from clover.model.decode_batch import cache_capacity
+from clover.model.generation_batch import cache_capacity
 from clover.model.generation_config import DecodeConfig
 
 @dataclass

@@ -1,23 +1,22 @@
 """One request's decoding step, from the model package's batched decoding pieces: a block-diffusion
 step (`step`, `status`, `commit`), an AR token (`next_token`) or a self-speculative verify (`verify`).
 
-`clover.model.block_diffusion.denoise_step` / `block_status`, `autoregressive.next_token`,
-`self_speculative.accept_draft` and the history bookkeeping of `decode_batch.start_batch` /
-`autoregressive.append_history` work on a batch sharing one setting and one response position; in
-the server every row has its own settings, position and generator, so each row is a batch of one
-here. Contract: `RowDecoder` is owned by the engine thread.
+`clover.model.generation_block_diffusion.denoise_step` / `block_status`, and
+`clover.model.generation_autoregressive.next_token` / `accept_draft` / `append_history` with the
+history bookkeeping of `generation_batch.start_batch`, work on a batch sharing one setting and one
+response position; in the server every row has its own settings, position and generator, so each
+row is a batch of one here. Contract: `RowDecoder` is owned by the engine thread.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from clover.model.autoregressive import append_history, next_token
-from clover.model.block_diffusion import block_status, denoise_step
-from clover.model.controls import make_logits_processors
-from clover.model.decode_batch import DecodeBatch, start_batch
+from clover.model.generation_autoregressive import VerifyResult, accept_draft, append_history, next_token
+from clover.model.generation_batch import DecodeBatch, start_batch
+from clover.model.generation_block_diffusion import block_status, denoise_step
 from clover.model.generation_config import DecodeConfig
-from clover.model.self_speculative import VerifyResult, accept_draft
+from clover.model.generation_sampling import make_logits_processors
 
 
 @dataclass
@@ -80,7 +79,7 @@ class RowDecoder:
     def step(self, logits: torch.Tensor, block: torch.Tensor, start: int, limit: int,
              generator: torch.Generator | None) -> torch.Tensor:
         """logits [B, V], block [B] -> the block after one denoising step (positions < limit); with
-        a grammar, a left-to-right run (`clover.model.generation_constraint`)."""
+        a grammar, a left-to-right run (`clover.model.generation_sampling`)."""
         constraints = None if self.constraint is None else [self.constraint]
         new, filled = denoise_step(logits[None], block[None], self.history, start, limit, self.cfg,
                                    self.processors, self.mask_token_id, generator, constraints=constraints)

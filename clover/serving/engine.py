@@ -7,7 +7,7 @@ Design (correctness first: greedy output never depends on the batch, SPEC C4):
 
 * Each request keeps its own cache, a slot of the cache pool (`cache.CachePool`): a pooled batch-1
   `CloverCache` taken at admission, written in place, emptied and reused after the request. A
-  step's forward reads its rows' slots in place (`clover.model.cache_rows`): each row attends over
+  step's forward reads its rows' slots in place (`clover.model.cache`): each row attends over
   a view of its own keys (no padding, no copy), GDN states are gathered and written back in place.
   The plain twin, `EngineConfig(cache_pool=False)`, keeps growing per-request caches and stacks
   them every step (`cache.stack_caches`: attention KV left-padded, masked out; GDN states
@@ -44,7 +44,7 @@ pool slots and prefix cache (the prompt's causal pieces are the same in every mo
 entries are shared across modes). Only the rows' phases differ (`scheduler.Phase`):
 
   ar         PREFILL (last prompt piece, causal) -> token; then STEP [token] -> next token, ...
-  self_spec  PREFILL -> p; then per iteration (SPEC §7, `clover.model.self_speculative`):
+  self_spec  PREFILL -> p; then per iteration (SPEC §7, `clover.model.generation_autoregressive`):
              DRAFT  [pending, p, MASK x (B-1)]: commits `pending`, drafts by argmax (one block pass)
              VERIFY [draft] causal: A accepted; emit draft[0..A]; p = a_A. The forward's cache
                     writes are kept only when all B draft tokens hold (A = B-1); otherwise none are
@@ -64,9 +64,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from clover.model.cache_rows import RowsCache
+from clover.model.cache import RowsCache
 from clover.model.configuration_clover_moe import MAX_BLOCK_SIZE
-from clover.model.self_speculative import fill_draft
+from clover.model.generation_autoregressive import fill_draft
 
 from .cache import CacheCapacityError, CachePool, PrefixCache, split_cache, stack_caches, stack_inputs
 from .denoise import RowDecoder, prompt_logprobs

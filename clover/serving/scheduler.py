@@ -47,7 +47,7 @@ from enum import Enum
 import torch
 
 from clover.model import CloverCache
-from clover.model.decode_batch import prompt_piece_end
+from clover.model.generation_batch import prompt_piece_end
 from clover.model.generation_config import DecodeConfig
 
 class Phase(Enum):

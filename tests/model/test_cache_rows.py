@@ -9,8 +9,7 @@ batched projections and experts may round differently by batch size); the cache 
 import pytest
 import torch
 
-from clover.model.cache import AttentionLayerCache, GatedDeltaNetLayerCache
-from clover.model.cache_rows import RowsCache
+from clover.model.cache import AttentionLayerCache, GatedDeltaNetLayerCache, RowsCache
 from tiny import TINY_MASK as MASK
 from tiny import random_ids as ids
 from tiny import tiny_model

@@ -4,8 +4,8 @@ gives what the plain path (oneDNN on) gives, at bf16 precision."""
 import pytest
 import torch
 
-import clover.model.cpu_kernels as cpu_kernels
-from clover.model.cpu_kernels import matmul_kernels, prefers_native_gemv
+import clover.model.modeling_clover_moe as cpu_kernels
+from clover.model.modeling_clover_moe import matmul_kernels, prefers_native_gemv
 from tiny import random_ids, tiny_model
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")

@@ -10,7 +10,7 @@ import torch
 
 import clover
 from clover.data.tokenizer import load_tokenizer
-from clover.model.events import StepEvent
+from clover.model.generation_batch import StepEvent
 from clover.structured import response_format_grammar
 from decoding_helpers import CONTROLS_OFF, one_thread  # noqa: F401 - autouse fixture
 from tiny import tiny_model

@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from clover.model.confidence import filter_top_k, filter_top_p, predict_with_confidence
-from clover.model.controls import (ControlContext, FrequencyPresencePenalty, LengthPenalty,
+from clover.model.generation_sampling import filter_top_k, filter_top_p, predict_with_confidence
+from clover.model.generation_sampling import (ControlContext, FrequencyPresencePenalty, LengthPenalty,
                                    RepetitionPenalty, ThinkEndBias, last_marker_state,
                                    slot_think_open, think_markers, token_counts)
 from decoding_helpers import one_thread  # noqa: F401

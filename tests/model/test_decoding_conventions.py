@@ -1,4 +1,4 @@
-"""transformers' generate keywords on block diffusion (see clover/model/generation_conventions.py):
+"""transformers' generate keywords on block diffusion (see clover/model/generation.py):
 max_length, min_new_tokens, num_return_sequences, stop_strings, logits_processor, right padding,
 and the refusals with their reasons."""
 

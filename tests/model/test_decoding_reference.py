@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from clover.model.events import StepEvent
+from clover.model.generation_batch import StepEvent
 from decoding_reference import naive_autoregressive, naive_block_diffusion
 from decoding_helpers import CONTROLS_OFF, CONTROLS_ON, EOS, one_thread, peaked_model, prompt  # noqa: F401
 

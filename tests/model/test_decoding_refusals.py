@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from clover.model.streaming import stream_generate
+from clover.model.generation import stream_generate
 from decoding_helpers import one_thread  # noqa: F401
 from scripted_model import ScriptedModel
 

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from clover.model.cache import GatedDeltaNetLayerCache
-from clover.model.decode_batch import start_batch
-from clover.model.events import BlockEvent, RunLog
+from clover.model.generation_autoregressive import draft_block, rollback, self_speculative_steps, verify_block
+from clover.model.generation_batch import BlockEvent, RunLog, start_batch
 from clover.model.generation_config import resolve_config
-from clover.model.self_speculative import draft_block, rollback, self_speculative_steps, verify_block
 from decoding_helpers import CONTROLS_OFF, CONTROLS_ON, EOS, left_pad, peaked_model, prompt
 
 MASK = 127

@@ -2,8 +2,8 @@
 
 import torch
 
-from clover.model.events import BlockEvent, StepEvent
-from clover.model.streaming import stream_generate
+from clover.model.generation import stream_generate
+from clover.model.generation_batch import BlockEvent, StepEvent
 from decoding_helpers import CONTROLS_OFF, left_pad, one_thread, peaked_model, prompt, response  # noqa: F401
 from scripted_model import ScriptedModel
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from clover.model.events import BlockEvent, DoneEvent, StepEvent
+from clover.model.generation_batch import BlockEvent, DoneEvent, StepEvent
 from decoding_helpers import CONTROLS_ON, EOS, left_pad, one_thread, peaked_model, prompt  # noqa: F401
 
 

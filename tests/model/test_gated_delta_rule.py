@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clover.model.gated_delta_rule import (
+from clover.model.gated_delta_net import (
     chunk_gated_delta_rule, gated_delta_rule, naive_gated_delta_rule, recurrent_gated_delta_rule)
 
 VALUE_TOL = GRAD_TOL = 1e-5

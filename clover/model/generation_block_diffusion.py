@@ -16,13 +16,9 @@ from typing import NamedTuple
 
 import torch
 
-from .confidence import predict_with_confidence
-from .controls import (ControlContext, apply_processors, last_marker_state, slot_think_open, think_markers,
-                       token_counts)
-from .decode_batch import DecodeBatch, forward, prefill, start_batch
-from .generation_constraint import commit_run
-from .events import BlockEvent, DoneEvent, RunLog, StepEvent
-
+from .generation_batch import BlockEvent, DecodeBatch, DoneEvent, RunLog, StepEvent, forward, prefill, start_batch
+from .generation_sampling import (ControlContext, apply_processors, commit_run, last_marker_state,
+                                  predict_with_confidence, slot_think_open, think_markers, token_counts)
 
 class DenoiseResult(NamedTuple):
     block: torch.Tensor  # [A, B] after the step; mask id where still masked
@@ -66,7 +62,7 @@ def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, 
     Fills every masked position before `limit` whose confidence exceeds the threshold, or else the
     single most confident one (so every step advances). `constraints`: None, or one grammar
     constraint (or None) per original batch row; a constrained row fills a left-to-right run
-    instead (`generation_constraint.commit_run`)."""
+    instead (`generation_sampling.commit_run`)."""
     if columns is None:
         columns = torch.arange(block.shape[1], device=block.device)
     masked = block == mask_id

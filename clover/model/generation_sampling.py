@@ -1,14 +1,84 @@
-"""Generation controls (SPEC §6) as small logits processors, applied in order.
+"""Token choice: the sampler and its confidence, the generation controls (logits processors) and the
+grammar's left-to-right run rule.
+
+Token choice and its confidence (SPEC §4).
+
+Confidence is the probability of the chosen token under the T = 1 softmax of the processed logits
+(controls and mask exclusion applied; temperature, top-k and top-p not), so sampling settings never
+change what counts as confident.
+
+Generation controls (SPEC §6) as small logits processors, applied in order.
 
 Each processor is a callable `(logits [N, L, V], ctx: ControlContext) -> logits` over N rows and L
 slots (the block positions being predicted; L = 1 for AR decoding). The history is the generated
 response only: committed tokens plus positions already filled in the current block, counted per
 row in `ctx.counts`. Everything is vectorised over rows, slots and vocabulary.
+
+Grammar-constrained decoding: the left-to-right run rule of block diffusion.
+
+A constraint is a per-row object (e.g. `clover.structured.GrammarConstraint`, over a JSON schema)
+with three methods:
+
+    allowed() -> torch.Tensor   bool [V]: tokens the grammar accepts after the committed prefix
+    accepts_end() -> bool       the prefix is a complete output (an EOS may end the response here)
+    advance(token: int)         consume a committed token (never an EOS)
+
+Rule (a position may be filled only when every position before it in its block is filled, or is
+filled in the same step, and the grammar accepts the prefix): in each denoising step the filled
+positions form a run starting at the first masked position. Walk from it to the right; mask the
+position's processed logits to the grammar's allowed tokens (EOS only where the grammar accepts the
+end), choose the token (greedy or sampled, as unconstrained decoding does) and read its confidence
+under the masked, renormalised distribution; fill it if the confidence passes the threshold (the
+first position of the run always fills, so every step advances), advance the grammar, and go on;
+stop at the first position that does not pass, or after an EOS. AR decoding is the same with a run
+of one. Contract: `commit_run` masks `logits` in place (so a processor that keeps the processed
+logits sees what each confidence was read from) and advances the constraint past the tokens it
+fills.
 """
 
 from dataclasses import dataclass
 
 import torch
+
+def filter_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the `top_k` largest logits of each row (0 = off); others become -inf."""
+    if top_k <= 0 or top_k >= logits.shape[-1]:
+        return logits
+    kth = logits.topk(top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches `top_p` (always >= 1 token)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    mass_before = probs.cumsum(-1) - probs  # mass of the strictly more likely tokens
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+           generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row of logits [..., V] from the tempered, filtered distribution."""
+    filtered = filter_top_p(filter_top_k(logits / temperature, top_k), top_p)
+    probs = filtered.softmax(-1).reshape(-1, logits.shape[-1])
+    return torch.multinomial(probs, 1, generator=generator).view(logits.shape[:-1])
+
+
+def predict_with_confidence(logits: torch.Tensor, do_sample: bool = False, temperature: float = 1.0,
+                            top_k: int = 0, top_p: float = 1.0,
+                            generator: torch.Generator | None = None):
+    """logits [..., V] (processed) -> (tokens [...] long, confidence [...] float32)."""
+    logits = logits.float()
+    probs = logits.softmax(-1)
+    if do_sample:
+        tokens = sample(logits, temperature, top_k, top_p, generator)
+    else:
+        tokens = logits.argmax(-1)
+    return tokens, probs.gather(-1, tokens[..., None]).squeeze(-1)
 
 
 @dataclass
@@ -172,3 +242,48 @@ def slot_think_open(markers: torch.Tensor, before: torch.Tensor) -> torch.Tensor
     last_before = torch.cat((last_upto.new_full((markers.shape[0], 1), -1), last_upto[:, :-1]), dim=1)
     value = markers.gather(1, last_before.clamp(min=0))
     return torch.where(last_before >= 0, value > 0, before[:, None])
+
+
+def allowed_logits(logits: torch.Tensor, constraint, eos: list[int]) -> torch.Tensor:
+    """logits [V] -> the same logits with every token the grammar forbids at -inf. When the controls
+    have already ruled out every allowed token (e.g. `min_new_tokens` against a complete JSON
+    value), the grammar wins: the allowed tokens get equal logits."""
+    allowed = constraint.allowed().to(logits.device).clone()  # [V] bool
+    allowed[eos] = constraint.accepts_end()
+    if not allowed.any():
+        raise RuntimeError("the output grammar allows no token here and cannot end (no EOS token is set)")
+    masked = logits.masked_fill(~allowed, float("-inf"))
+    if not torch.isfinite(masked).any():
+        masked = torch.zeros_like(logits).masked_fill(~allowed, float("-inf"))
+    return masked
+
+
+def choose(logits: torch.Tensor, constraint, eos: list[int], cfg, generator) -> tuple[int, float]:
+    """Mask logits [V] in place to the grammar; the chosen token and its confidence."""
+    logits.copy_(allowed_logits(logits, constraint, eos))
+    token, confidence = predict_with_confidence(logits, cfg.do_sample, cfg.temperature, cfg.top_k, cfg.top_p,
+                                                generator)
+    return int(token), float(confidence)
+
+
+def commit_run(logits: torch.Tensor, block: torch.Tensor, columns: list[int], limit: int, mask_id: int,
+               constraint, eos: list[int], cfg, generator=None) -> dict[int, int]:
+    """One row's constrained denoising step. logits [K, V]: the processed logits of block positions
+    `columns` (ascending, covering every masked position before `limit`); block [B]. Returns the
+    positions filled this step -> their tokens (a left-to-right run from the first masked one)."""
+    masked = (block[:limit] == mask_id).nonzero().flatten().tolist()
+    if not masked:
+        return {}
+    if masked != list(range(masked[0], limit)):
+        raise ValueError(f"a constrained block must be filled left to right; masked positions {masked}")
+    column_of = {position: k for k, position in enumerate(columns)}
+    run: dict[int, int] = {}
+    for position in range(masked[0], limit):
+        token, confidence = choose(logits[column_of[position]], constraint, eos, cfg, generator)
+        if run and not confidence > cfg.threshold:
+            break
+        run[position] = token
+        if token in eos:
+            break
+        constraint.advance(token)
+    return run

@@ -1,1 +1,0 @@
-../../model/block_diffusion.py

@@ -1,1 +1,0 @@
-../../model/cache_rows.py

@@ -1,1 +1,0 @@
-../../model/cpu_kernels.py

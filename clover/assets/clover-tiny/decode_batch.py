@@ -1,1 +1,0 @@
-../../model/decode_batch.py

@@ -1,1 +1,0 @@
-../../model/gated_delta_rule.py

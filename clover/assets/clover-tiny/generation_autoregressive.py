@@ -1,0 +1,1 @@
+../../model/generation_autoregressive.py

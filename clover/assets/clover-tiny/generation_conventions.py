@@ -1,1 +1,0 @@
-../../model/generation_conventions.py

@@ -1,1 +1,0 @@
-../../model/self_speculative.py
