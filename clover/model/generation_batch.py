@@ -1,7 +1,5 @@
 """What every decoder shares: the rows still decoding, their forwards, and the events they yield.
 
-The state of the rows still decoding, and the forwards every decoder shares (chunked prefill).
-
 Contract: a `DecodeBatch` owns its `CloverCache`; `forward` appends the causal tokens of its input
 to the cache and to `attention_mask` (block tokens are seen for this call only). `select` keeps a
 subset of rows (finished rows stop costing compute).
