@@ -20,7 +20,7 @@ from .checkpoint_names import (CONFIG_FILE, GENERATION_CONFIG_FILE, block_file, 
 from .checkpoint_save import (PendingTensor, atomic_directory, copy_model_code, write_block_files,
                               write_config, write_generation_config, write_weights)
 from .generation_config import without_neutral_settings
-from .quantized import quantization_spec, quantize_modules
+from .quantized import pack_quantized, quantization_spec, quantize_modules
 
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "revision", "token")
 # accepted for compatibility with transformers' loaders; they do not change what this loader does
@@ -156,6 +156,8 @@ class CheckpointMixin:
         expected = {n: tuple(p.shape) for n, p in model.named_parameters() if n not in tied}
         plan = plan_sources(ckpt, expected, tied)
         load_parameters(model, ckpt, plan, dtype, resolve_device(device_map))
+        if spec is not None:  # CPU: lay the loaded weights out for torch's int4 / int8 kernels
+            pack_quantized(model)
         model.config.dtype = dtype
         model.config._name_or_path = str(pretrained_model_name_or_path)
         if (root / GENERATION_CONFIG_FILE).is_file():

@@ -77,13 +77,13 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
 
     @staticmethod
-    def _weight(stacked, e: int, dtype: torch.dtype) -> torch.Tensor:
-        """Expert e's weight: a slice of the float stack, or dequantized (`quantized.QuantizedWeight`)."""
-        return stacked[e] if isinstance(stacked, torch.Tensor) else stacked.dequantize(dtype, e)
+    def _project(x: torch.Tensor, stacked, e: int) -> torch.Tensor:
+        """x · expert e's weightᵀ: a slice of the float stack, or a `quantized.QuantizedWeight`."""
+        return F.linear(x, stacked[e]) if isinstance(stacked, torch.Tensor) else stacked.matmul(x, e)
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self._weight(self.gate_up_proj, e, x.dtype)).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self._weight(self.down_proj, e, x.dtype))
+        gate, up = self._project(x, self.gate_up_proj, e).chunk(2, dim=-1)
+        return self._project(F.silu(gate) * up, self.down_proj, e)
 
     def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """Grouped dispatch: sort the (token, slot) pairs by expert, run each expert on its rows, then

@@ -12,14 +12,23 @@ Quantized: routed experts, the shared expert, attention q/k/v/o and GDN in_proj_
 out_proj. Left in float: embeddings, lm_head, norms, the router and shared-expert gate (routing
 decisions), GDN in_proj_a / in_proj_b (32-row decay and beta gates), the conv and bd_gdn scalars.
 
-The forward is the plain PyTorch path everywhere: dequantize the weight (only the experts a call
-hits) to the activation dtype, then the float matmul. Memory at rest is what shrinks; see
-BENCHMARKS.md for what it costs in speed.
+The forward, on CPU: torch's packed int4 / int8 matmul kernels (`quantized_kernels.py`); the weight
+is laid out for them once, after quantizing or loading (`pack_quantized`), in place and at the same
+size; `state_dict` still writes the stored format above. The plain PyTorch twin, used elsewhere (CUDA,
+float64, group sizes or widths the kernel refuses) and everywhere with `CLOVER_QUANT_KERNELS=0`:
+dequantize the weight (only the experts a call hits) to the activation dtype, then the float matmul.
+See BENCHMARKS.md for speed and error of both.
 """
+
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .quantized_kernels import (KERNEL_DTYPES, int4_kernel_applies, int4_matmul, int4_scales_and_zeros,
+                                int8_group_scales, int8_kernel_applies, int8_matmul, pack_int4, pack_int8,
+                                unpack_int4, unpack_int8)
 
 QUANT_METHOD = "clover_weight_only"
 BITS = (8, 4)
@@ -27,6 +36,11 @@ LINEAR_TARGETS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
                   "linear_attn": ("in_proj_qkv", "in_proj_z", "out_proj"),
                   "mlp.shared_expert": ("gate_proj", "up_proj", "down_proj")}
 EXPERT_TARGETS = ("gate_up_proj", "down_proj")
+KERNELS_ENV = "CLOVER_QUANT_KERNELS"  # "0": never pack, so every forward takes the plain twin
+
+
+def kernels_enabled() -> bool:
+    return os.environ.get(KERNELS_ENV, "1") != "0"
 
 
 def check_spec(bits: int, group_size: int, in_features: int | None = None, name: str = "") -> None:
@@ -84,6 +98,10 @@ class QuantizedWeight(nn.Module):
         self.scales = nn.Parameter(torch.empty(group_shape, dtype=dtype, device=device), **frozen)
         self.zeros = (nn.Parameter(torch.empty(group_shape, dtype=dtype, device=device), **frozen)
                       if bits == 4 else None)
+        # packed: qweight holds the kernel's layout (same shape) and kernel_scales its scales (and zeros)
+        self.packed = False
+        self.register_buffer("kernel_scales", None, persistent=False)
+        self._register_state_dict_hook(_write_stored_layout)
 
     @classmethod
     def from_float(cls, w: torch.Tensor, bits: int, group_size: int) -> "QuantizedWeight":
@@ -92,11 +110,69 @@ class QuantizedWeight(nn.Module):
             getattr(module, name).data = tensor
         return module
 
+    def stored_qweight(self) -> torch.Tensor:
+        """qweight in the stored layout (a copy when packed)."""
+        if not self.packed:
+            return self.qweight.data
+        return unpack_int4(self.qweight.data) if self.bits == 4 else unpack_int8(self.qweight.data, self.group_size)
+
     def dequantize(self, dtype: torch.dtype, index: int | None = None) -> torch.Tensor:
         """The float weight (expert `index` of a stacked weight) in `dtype`."""
         pick = (lambda t: t) if index is None else (lambda t: t[index])
         zeros = None if self.zeros is None else pick(self.zeros)
-        return dequantize_weight(pick(self.qweight), pick(self.scales), zeros, self.group_size, dtype)
+        qweight = self.stored_qweight() if self.packed else self.qweight
+        return dequantize_weight(pick(qweight), pick(self.scales), zeros, self.group_size, dtype)
+
+    def kernel_applies(self) -> bool:
+        """Whether torch's CPU kernel takes this weight (bits, group size, widths, device)."""
+        applies = int4_kernel_applies if self.bits == 4 else int8_kernel_applies
+        return self.qweight.device.type == "cpu" and applies(self.shape, self.group_size)
+
+    @torch.no_grad()
+    def pack(self) -> bool:
+        """Lay the weight out for torch's CPU kernel, in place; return whether it is packed."""
+        if self.packed or not self.kernel_applies():
+            return self.packed
+        if self.bits == 4:
+            self.qweight.data = pack_int4(self.qweight.data)
+            self.kernel_scales = int4_scales_and_zeros(self.scales, self.zeros)
+        else:
+            self.qweight.data = pack_int8(self.qweight.data, self.group_size)
+            self.kernel_scales = int8_group_scales(self.scales)
+        self.packed = True
+        return True
+
+    @torch.no_grad()
+    def unpack(self) -> None:
+        """Back to the stored layout (the plain path's)."""
+        if self.packed:
+            self.qweight.data = self.stored_qweight()
+            self.kernel_scales, self.packed = None, False
+
+    def _kernel_takes(self, x: torch.Tensor) -> bool:
+        return (x.device.type == "cpu" and self.qweight.device.type == "cpu" and x.dtype in KERNEL_DTYPES
+                and not (torch.is_grad_enabled() and x.requires_grad))  # the kernels have no backward
+
+    def matmul(self, x: torch.Tensor, index: int | None = None) -> torch.Tensor:
+        """x [..., K] · wᵀ -> [..., N] (w: expert `index` of a stacked weight). A packed weight runs
+        torch's kernel; an input it does not take (CUDA, float64, autograd) unpacks the weight for
+        good and takes the plain path: dequantize, then the float matmul."""
+        if self.packed and not self._kernel_takes(x):
+            self.unpack()
+        if not self.packed:
+            return F.linear(x, self.dequantize(x.dtype, index))
+        pick = (lambda t: t) if index is None else (lambda t: t[index])
+        kernel = int4_matmul if self.bits == 4 else int8_matmul
+        y = kernel(x.reshape(-1, x.shape[-1]), pick(self.qweight), self.group_size, pick(self.kernel_scales))
+        return y.view(*x.shape[:-1], y.shape[-1])  # [..., N]
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        """A state dict holds the stored layout: load into that, then pack again."""
+        packed = self.packed
+        self.unpack()
+        super()._load_from_state_dict(*args, **kwargs)
+        if packed:
+            self.pack()
 
     def extra_repr(self) -> str:
         return f"shape={list(self.shape)}, bits={self.bits}, group_size={self.group_size}"
@@ -121,7 +197,21 @@ class QuantizedLinear(QuantizedWeight):
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantize(x.dtype), self.bias)
+        y = self.matmul(x)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+def _write_stored_layout(module: QuantizedWeight, state_dict: dict, prefix: str, local_metadata) -> None:
+    if module.packed:
+        state_dict[prefix + "qweight"] = module.stored_qweight()
+
+
+def pack_quantized(model: nn.Module) -> int:
+    """Lay every quantized weight of `model` out for torch's CPU kernels (`QuantizedWeight.pack`);
+    a no-op off the CPU, on `meta`, or with CLOVER_QUANT_KERNELS=0. Return how many were packed."""
+    if not kernels_enabled():
+        return 0
+    return sum(m.pack() for m in model.modules() if isinstance(m, QuantizedWeight) and not m.qweight.is_meta)
 
 
 def quantization_targets(model: nn.Module):
@@ -175,6 +265,7 @@ def quantize_modules(model: nn.Module, bits: int, group_size: int) -> nn.Module:
             del parent._parameters[attr]
         setattr(parent, attr, module)
     model.config.quantization_config = {"quant_method": QUANT_METHOD, "bits": bits, "group_size": group_size}
+    pack_quantized(model)
     return model
 
 
