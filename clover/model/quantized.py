@@ -12,11 +12,12 @@ Quantized: routed experts, the shared expert, attention q/k/v/o and GDN in_proj_
 out_proj. Left in float: embeddings, lm_head, norms, the router and shared-expert gate (routing
 decisions), GDN in_proj_a / in_proj_b (32-row decay and beta gates), the conv and bd_gdn scalars.
 
-The forward, on CPU: torch's packed int4 / int8 matmul kernels (`quantized_kernels.py`); the weight
-is laid out for them once, after quantizing or loading (`pack_quantized`), in place and at the same
-size; `state_dict` still writes the stored format above. The plain PyTorch twin, used elsewhere (CUDA,
-float64, group sizes or widths the kernel refuses) and everywhere with `CLOVER_QUANT_KERNELS=0`:
-dequantize the weight (only the experts a call hits) to the activation dtype, then the float matmul.
+The forward of a bf16 model on CPU: torch's packed int4 / int8 matmul kernels (`quantized_kernels.py`;
+INT8 only up to a few rows per call); the weight is laid out for them once, after quantizing or
+loading (`pack_quantized`), in place and at the same size; `state_dict` still writes the stored
+format above. The plain PyTorch twin, used everywhere else (CUDA, fp32 models, where the kernels are
+slower, group sizes or widths they refuse) and everywhere with `CLOVER_QUANT_KERNELS=0`: dequantize
+the weight (only the experts a call hits) to the activation dtype, then the float matmul.
 See BENCHMARKS.md for speed and error of both.
 """
 
@@ -26,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .quantized_kernels import (KERNEL_DTYPES, int4_kernel_applies, int4_matmul, int4_scales_and_zeros,
-                                int8_group_scales, int8_kernel_applies, int8_matmul, pack_int4, pack_int8,
-                                unpack_int4, unpack_int8)
+from .quantized_kernels import (FAST_DTYPES, INT8_KERNEL_MAX_ROWS, KERNEL_DTYPES, int4_kernel_applies,
+                                int4_matmul, int4_scales_and_zeros, int8_group_scales, int8_kernel_applies,
+                                int8_matmul, pack_int4, pack_int8, unpack_int4, unpack_int8)
 
 QUANT_METHOD = "clover_weight_only"
 BITS = (8, 4)
@@ -106,9 +107,19 @@ class QuantizedWeight(nn.Module):
     @classmethod
     def from_float(cls, w: torch.Tensor, bits: int, group_size: int) -> "QuantizedWeight":
         module = cls(tuple(w.shape), bits, group_size, w.dtype, w.device)
-        for name, tensor in quantize_weight(w.detach(), bits, group_size).items():
-            getattr(module, name).data = tensor
+        module._fill(w)
         return module
+
+    @torch.no_grad()
+    def _fill(self, w: torch.Tensor, chunk_rows: int = 16384) -> None:
+        """Quantize the float weight `w` into this module's parameters, `chunk_rows` rows of K at a
+        time, so that the fp32 temporaries stay small (a 256-expert stack is 2 GB in fp32)."""
+        rows = w.detach().reshape(-1, w.shape[-1])  # [R, K]
+        flat = {name: t.data.view(rows.shape[0], -1) for name, t in
+                (("qweight", self.qweight), ("scales", self.scales), ("zeros", self.zeros)) if t is not None}
+        for start in range(0, rows.shape[0], chunk_rows):
+            for name, tensor in quantize_weight(rows[start:start + chunk_rows], self.bits, self.group_size).items():
+                flat[name][start:start + chunk_rows] = tensor
 
     def stored_qweight(self) -> torch.Tensor:
         """qweight in the stored layout (a copy when packed)."""
@@ -120,18 +131,26 @@ class QuantizedWeight(nn.Module):
         """The float weight (expert `index` of a stacked weight) in `dtype`."""
         pick = (lambda t: t) if index is None else (lambda t: t[index])
         zeros = None if self.zeros is None else pick(self.zeros)
-        qweight = self.stored_qweight() if self.packed else self.qweight
-        return dequantize_weight(pick(qweight), pick(self.scales), zeros, self.group_size, dtype)
+        if not self.packed:
+            qweight = pick(self.qweight)
+        elif self.bits == 8:  # unpack only the expert picked: a transpose of its bytes
+            qweight = unpack_int8(pick(self.qweight.data), self.group_size)
+        else:
+            qweight = pick(self.stored_qweight())
+        return dequantize_weight(qweight, pick(self.scales), zeros, self.group_size, dtype)
 
-    def kernel_applies(self) -> bool:
-        """Whether torch's CPU kernel takes this weight (bits, group size, widths, device)."""
+    def kernel_applies(self, dtypes: tuple[torch.dtype, ...] = FAST_DTYPES) -> bool:
+        """Whether torch's CPU kernel takes this weight (bits, group size, widths, device) and pays
+        for a model in its dtype (`dtypes`: the float dtypes to accept; bf16 by default)."""
         applies = int4_kernel_applies if self.bits == 4 else int8_kernel_applies
-        return self.qweight.device.type == "cpu" and applies(self.shape, self.group_size)
+        return (self.qweight.device.type == "cpu" and self.scales.dtype in dtypes
+                and applies(self.shape, self.group_size))
 
     @torch.no_grad()
-    def pack(self) -> bool:
-        """Lay the weight out for torch's CPU kernel, in place; return whether it is packed."""
-        if self.packed or not self.kernel_applies():
+    def pack(self, dtypes: tuple[torch.dtype, ...] = FAST_DTYPES) -> bool:
+        """Lay the weight out for torch's CPU kernel, in place, where `kernel_applies(dtypes)`; return
+        whether it is packed. (Tests pass `KERNEL_DTYPES` to run the kernels in fp32 too.)"""
+        if self.packed or not self.kernel_applies(dtypes):
             return self.packed
         if self.bits == 4:
             self.qweight.data = pack_int4(self.qweight.data)
@@ -155,11 +174,13 @@ class QuantizedWeight(nn.Module):
 
     def matmul(self, x: torch.Tensor, index: int | None = None) -> torch.Tensor:
         """x [..., K] · wᵀ -> [..., N] (w: expert `index` of a stacked weight). A packed weight runs
-        torch's kernel; an input it does not take (CUDA, float64, autograd) unpacks the weight for
-        good and takes the plain path: dequantize, then the float matmul."""
+        torch's kernel (INT8: up to `INT8_KERNEL_MAX_ROWS` rows); an input it does not take (CUDA,
+        float64, autograd) unpacks the weight for good. Otherwise the plain path: dequantize, then
+        the float matmul."""
         if self.packed and not self._kernel_takes(x):
             self.unpack()
-        if not self.packed:
+        rows = x.numel() // x.shape[-1]
+        if not self.packed or (self.bits == 8 and rows > INT8_KERNEL_MAX_ROWS):
             return F.linear(x, self.dequantize(x.dtype, index))
         pick = (lambda t: t) if index is None else (lambda t: t[index])
         kernel = int4_matmul if self.bits == 4 else int8_matmul
@@ -171,8 +192,8 @@ class QuantizedWeight(nn.Module):
         packed = self.packed
         self.unpack()
         super()._load_from_state_dict(*args, **kwargs)
-        if packed:
-            self.pack()
+        if packed:  # as it was, whatever its dtype
+            self.pack(KERNEL_DTYPES)
 
     def extra_repr(self) -> str:
         return f"shape={list(self.shape)}, bits={self.bits}, group_size={self.group_size}"
@@ -190,8 +211,7 @@ class QuantizedLinear(QuantizedWeight):
     def from_linear(cls, linear: nn.Linear, bits: int, group_size: int) -> "QuantizedLinear":
         w = linear.weight
         module = cls(w.shape[1], w.shape[0], bits, group_size, w.dtype, linear.bias is not None, w.device)
-        for name, tensor in quantize_weight(w.detach(), bits, group_size).items():
-            getattr(module, name).data = tensor
+        module._fill(w)
         if linear.bias is not None:
             module.bias.data = linear.bias.detach()
         return module
@@ -206,12 +226,13 @@ def _write_stored_layout(module: QuantizedWeight, state_dict: dict, prefix: str,
         state_dict[prefix + "qweight"] = module.stored_qweight()
 
 
-def pack_quantized(model: nn.Module) -> int:
+def pack_quantized(model: nn.Module, dtypes: tuple[torch.dtype, ...] = FAST_DTYPES) -> int:
     """Lay every quantized weight of `model` out for torch's CPU kernels (`QuantizedWeight.pack`);
-    a no-op off the CPU, on `meta`, or with CLOVER_QUANT_KERNELS=0. Return how many were packed."""
+    a no-op off the CPU, on `meta`, for a model whose dtype is not in `dtypes` (bf16 by default), or
+    with CLOVER_QUANT_KERNELS=0. Return how many were packed."""
     if not kernels_enabled():
         return 0
-    return sum(m.pack() for m in model.modules() if isinstance(m, QuantizedWeight) and not m.qweight.is_meta)
+    return sum(m.pack(dtypes) for m in model.modules() if isinstance(m, QuantizedWeight) and not m.qweight.is_meta)
 
 
 def quantization_targets(model: nn.Module):
@@ -243,9 +264,10 @@ def check_quantizable(model: nn.Module, bits: int, group_size: int) -> None:
         check_spec(bits, group_size, _shape_of(parent, attr, kind)[-1], f"{names[id(parent)]}.{attr}")
 
 
-def quantize_modules(model: nn.Module, bits: int, group_size: int) -> nn.Module:
-    """Replace every target weight of `model` (in place) by its quantized form; return `model`.
-    Weights on `meta` become empty quantized modules on `meta` (for loading a quantized checkpoint)."""
+def quantize_modules(model: nn.Module, bits: int, group_size: int, pack: bool = True) -> nn.Module:
+    """Replace every target weight of `model` (in place) by its quantized form, laid out for torch's CPU
+    kernels unless `pack=False` (a model about to be saved); return `model`. Weights on `meta` become
+    empty quantized modules on `meta` (for loading a quantized checkpoint)."""
     check_quantizable(model, bits, group_size)
     for parent, attr, kind in quantization_targets(model):
         current = getattr(parent, attr)
@@ -265,7 +287,8 @@ def quantize_modules(model: nn.Module, bits: int, group_size: int) -> nn.Module:
             del parent._parameters[attr]
         setattr(parent, attr, module)
     model.config.quantization_config = {"quant_method": QUANT_METHOD, "bits": bits, "group_size": group_size}
-    pack_quantized(model)
+    if pack:
+        pack_quantized(model)
     return model
 
 

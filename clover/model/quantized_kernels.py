@@ -10,8 +10,13 @@ so `unpack_int4` reads it back by packing the bit planes of the nibble positions
 
 INT8: `aten._weight_int8pack_mm` scales whole output channels only; a group-wise weight runs as one
 call per group of g input columns (the weight laid out [K/g, N, g], each group contiguous) with the
-partial outputs summed in fp32. It is the fastest of the measured options at the decode step's few
-rows (BENCHMARKS.md), at the price of K/g kernel calls.
+partial outputs summed in fp32. It beats dequantize + matmul only at a few rows (`INT8_KERNEL_MAX_ROWS`).
+
+When they pay (one thread, this project's AVX-512-BF16 CPU, BENCHMARKS.md): bf16 activations only.
+In fp32 both kernels are 15-30x slower than in bf16 (a 1024 x 2048 int4 weight, one row: 3.75 against
+0.125 ms), slower than the plain path, so fp32 and fp16 models are not packed (`FAST_DTYPES`). In bf16
+the int4 kernel beats dequantize + matmul up to ~64 rows per call and loses ~1.6x at 256 (prefill);
+unpacking per call would cost more than that, so INT4 always takes the kernel.
 
 torchao is not used: on CPU its weight-only int4 (`Int4CPULayout`) calls the same int4pack kernels and
 its int8 weight-only path dequantizes, so it would add a dependency and its own checkpoint format
@@ -23,7 +28,9 @@ from functools import lru_cache
 import torch
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the kernels accept
+FAST_DTYPES = (torch.bfloat16,)  # where they beat the plain path (measured; fp16 not measured)
+INT8_KERNEL_MAX_ROWS = 4  # above: dequantize + matmul (1024 x 2048, bf16: 0.58 vs 0.98 ms at 4 rows, 1.6 vs 1.3 at 16)
 
 
 def int4_kernel_applies(shape: tuple[int, ...], group_size: int) -> bool:

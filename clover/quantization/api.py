@@ -23,13 +23,15 @@ def parse_quantize(value: str | int | None) -> int | None:
 
 
 @torch.no_grad()
-def quantize_model(model: CloverMoeForCausalLM, bits: int = 4, group_size: int = DEFAULT_GROUP_SIZE):
+def quantize_model(model: CloverMoeForCausalLM, bits: int = 4, group_size: int = DEFAULT_GROUP_SIZE,
+                   pack: bool = True):
     """Quantize `model` in place (experts, shared expert, attention and GDN projections; see
-    `clover.model.quantized`) and return it. Its config gains `quantization_config`, so
-    `save_pretrained` writes a quantized checkpoint. Raises ValueError for bits not in (8, 4), or a
+    `clover.model.quantized`) and return it, its weights laid out for torch's CPU kernels unless
+    `pack=False`. Its config gains `quantization_config`, so `save_pretrained` writes a quantized
+    checkpoint (in the stored format either way). Raises ValueError for bits not in (8, 4), or a
     group size that does not divide a quantized width, before changing anything."""
     check_quantizable(model, bits, group_size)
-    return quantize_modules(model, bits, group_size)
+    return quantize_modules(model, bits, group_size, pack=pack)
 
 
 def _param_bytes(model: nn.Module, float_bytes: int) -> int:

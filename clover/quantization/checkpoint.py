@@ -19,7 +19,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, bits: int, group_size:
     model = CloverMoeForCausalLM.from_pretrained(src, dtype=dtype)
     if getattr(model.config, "quantization_config", None):
         raise ValueError(f"{src} is already quantized ({model.config.quantization_config})")
-    quantize_model(model, bits, group_size)
+    quantize_model(model, bits, group_size, pack=False)  # written as stored: no kernel layout
     model.save_pretrained(dst, max_shard_size=max_shard_size)
     for name in TOKENIZER_FILES:
         if (Path(src) / name).is_file():

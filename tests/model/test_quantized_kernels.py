@@ -1,6 +1,7 @@
 """torch's packed CPU int4 / int8 kernels (`clover.model.quantized_kernels`) against the plain twin
 (dequantize + float matmul): linears, routed experts, a whole tiny model (C2), the stored layout
-kept by state_dict, and the fallbacks where no kernel applies.
+kept by state_dict, and the fallbacks where no kernel applies. Models pack only in bf16 (where the
+kernels pay); the fp32 cases pack with `dtypes=KERNEL_DTYPES` to check the kernels exactly.
 
 Tolerances: fp32 — both paths compute the same dequantized products in a different order, so
 1e-5 relative to the output's scale; bf16 — the kernels round partial sums to bf16 (the int8 path per
@@ -15,7 +16,7 @@ from torch import nn
 from clover.model import CloverMoeForCausalLM
 from clover.model.cache import CloverCache
 from clover.model.quantized import KERNELS_ENV, QuantizedLinear, QuantizedWeight, pack_quantized
-from clover.model.quantized_kernels import pack_int4, unpack_int4
+from clover.model.quantized_kernels import INT8_KERNEL_MAX_ROWS, KERNEL_DTYPES, pack_int4, unpack_int4
 from clover.quantization import quantize_model
 from tiny import tiny_model
 
@@ -49,9 +50,9 @@ def _linear(n: int, k: int, dtype: torch.dtype, seed: int) -> nn.Linear:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_kernel_matches_plain_twin(bits, dtype):
     fast = QuantizedLinear.from_linear(_linear(48, 256, dtype, seed=bits), bits, GROUP)
-    assert fast.pack() and fast.packed
+    assert fast.pack(KERNEL_DTYPES) and fast.packed
     plain = _twin(fast)
-    for rows in (1, 5, 33):
+    for rows in (1, INT8_KERNEL_MAX_ROWS, 33):  # INT8 beyond the row limit: the plain path on packed bytes
         x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(dtype)
         with torch.no_grad():
             y_fast, y_plain = fast(x), plain(x)
@@ -65,7 +66,7 @@ def test_linear_kernel_matches_plain_twin(bits, dtype):
 def test_expert_kernel_matches_plain_twin(bits, dtype):
     w = torch.randn(4, 32, 128, generator=torch.Generator().manual_seed(7)).to(dtype)  # [E, N, K]
     fast = QuantizedWeight.from_float(w, bits, GROUP)
-    assert fast.pack()
+    assert fast.pack(KERNEL_DTYPES)
     plain = _twin(fast)
     x = torch.randn(2, 3, 128, generator=torch.Generator().manual_seed(8)).to(dtype)  # leading dims kept
     for e in range(4):
@@ -79,12 +80,12 @@ def test_packing_keeps_the_stored_format(bits):
     """Packing is a reordering: state_dict writes the stored layout, and loads into a packed module."""
     linear = _linear(64, 128, torch.float32, seed=3)
     fast, plain = (QuantizedLinear.from_linear(linear, bits, GROUP) for _ in range(2))
-    assert fast.pack() and not plain.packed
+    assert fast.pack(KERNEL_DTYPES) and not plain.packed
     assert not torch.equal(fast.qweight, plain.qweight)  # the layout differs in memory
     stored, reference = fast.state_dict(), plain.state_dict()
     assert stored.keys() == reference.keys() and all(torch.equal(stored[k], reference[k]) for k in stored)
     other = QuantizedLinear.from_linear(_linear(64, 128, torch.float32, seed=4), bits, GROUP)
-    assert other.pack()
+    assert other.pack(KERNEL_DTYPES)
     other.load_state_dict(reference)
     x = torch.randn(3, 128)
     assert other.packed and torch.equal(other(x), fast(x))
@@ -102,7 +103,8 @@ def test_int4_unpack_inverts_pack_on_an_avx512_block_width():
 def test_quantized_model_kernels_match_twin_and_keep_c2(bits):
     model = quantize_model(tiny_model(seed=9, scale=0.1, **KERNEL_TINY), bits, GROUP)
     weights = [m for m in model.modules() if isinstance(m, QuantizedWeight)]
-    assert weights and all(m.packed for m in weights)
+    assert weights and not any(m.packed for m in weights)  # fp32: the kernels do not pay
+    assert pack_quantized(model, KERNEL_DTYPES) == len(weights)
     plain = _twin(model)
     ids = torch.randint(0, 120, (2, 12), generator=torch.Generator().manual_seed(10))
     prefix, block = ids[:, :8], ids[:, 8:]
@@ -122,14 +124,14 @@ def test_fallbacks_where_no_kernel_applies(monkeypatch):
     assert not QuantizedLinear.from_linear(_linear(40, 64, torch.float32, 0), 4, GROUP).pack()
     # an input the kernel does not take (float64) unpacks the weight and takes the plain path
     fast = QuantizedLinear.from_linear(_linear(48, 64, torch.float32, 1), 4, GROUP)
-    assert fast.pack()
+    assert fast.pack(KERNEL_DTYPES)
     plain = _twin(fast)
     x = torch.randn(2, 64, dtype=torch.float64)
     with torch.no_grad():
         assert torch.equal(fast(x), plain(x)) and not fast.packed
     # under autograd as well (the kernels have no backward)
     grad_fast = QuantizedLinear.from_linear(_linear(48, 64, torch.float32, 1), 8, GROUP)
-    assert grad_fast.pack()
+    assert grad_fast.pack(KERNEL_DTYPES)
     x = torch.randn(2, 64, requires_grad=True)
     grad_fast(x).sum().backward()
     assert not grad_fast.packed and x.grad is not None
@@ -140,11 +142,13 @@ def test_fallbacks_where_no_kernel_applies(monkeypatch):
     assert not any(m.packed for m in model.modules() if isinstance(m, QuantizedWeight))
 
 
-def test_quantized_checkpoint_loads_packed(tmp_path):
-    model = quantize_model(tiny_model(seed=12, **KERNEL_TINY), 4, GROUP)
+def test_bf16_model_packs_and_checkpoint_loads_packed(tmp_path):
+    model = quantize_model(tiny_model(seed=12, **KERNEL_TINY).to(torch.bfloat16), 4, GROUP)
+    weights = [m for m in model.modules() if isinstance(m, QuantizedWeight)]
+    assert all(m.packed for m in weights)
+    ids = torch.randint(0, 120, (1, 8), generator=torch.Generator().manual_seed(13))
     model.save_pretrained(tmp_path / "int4")
     loaded = CloverMoeForCausalLM.from_pretrained(tmp_path / "int4")
     assert all(m.packed for m in loaded.modules() if isinstance(m, QuantizedWeight))
-    ids = torch.randint(0, 120, (1, 8), generator=torch.Generator().manual_seed(13))
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
