@@ -1,6 +1,6 @@
 """Weight-only INT8 / INT4 against fp32: per-layer relative error, weight bytes, exact-match accuracy
-on the embedded model, and forward speed on a small random config (CPU: torch's packed int4 / int8
-kernels, or the plain dequantize twin with CLOVER_QUANT_KERNELS=0).
+on the embedded model, and forward speed on a small random config (CPU, fp32: the plain dequantize
+twin; bf16 models run torch's packed kernels, measured by `benchmarks/real_width_quantized.py`).
 
 Reproduce: `python benchmarks/quantization.py [--limit 10] [--write]` (--write updates BENCHMARKS.md,
 keeping the section's `### Real widths` part, which `benchmarks/real_width_quantized.py` measures).
@@ -122,11 +122,12 @@ def main(argv=None) -> None:
             " in memory). Quantized: routed experts, shared expert, attention q/k/v/o, GDN in_proj_qkv /"
             " in_proj_z / out_proj; float: embeddings, lm_head, norms, router, shared-expert gate, GDN"
             " in_proj_a/b, conv, bd_gdn scalars. INT8 symmetric, INT4 min-max with zero point (torch's"
-            " int4pack convention). The CPU forward runs torch's own kernels (`clover/model/quantized_kernels.py`):"
-            " INT4 `_weight_int4pack_mm_for_cpu`, INT8 `_weight_int8pack_mm` once per group of 128 columns;"
-            " the weights are laid out for them once, at quantize or load time, and `state_dict` still writes"
-            " the stored format. The plain twin (dequantize, then the float matmul) serves CUDA and every"
-            " shape the kernels refuse, and everything with `CLOVER_QUANT_KERNELS=0`.",
+            " int4pack convention). A bf16 model on CPU runs torch's own kernels (`clover/model/quantized_kernels.py`):"
+            " INT4 `_weight_int4pack_mm_for_cpu`, INT8 `_weight_int8pack_mm` once per group of columns (up to"
+            " 4 rows per call); the weights are laid out for them once, at quantize or load time, and"
+            " `state_dict` still writes the stored format. The plain twin (dequantize, then the float matmul)"
+            " serves everything else: fp32 models (the kernels are 15-30× slower in fp32; the tables below"
+            " are fp32, so they measure the twin), CUDA, shapes the kernels refuse, and `CLOVER_QUANT_KERNELS=0`.",
             "",
             f"Reproduce: `python benchmarks/quantization.py --limit {args.limit} --write` (CPU, fp32 activations,"
             f" {torch.get_num_threads()} threads, on the shared 2-core dev box).",

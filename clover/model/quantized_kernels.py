@@ -15,8 +15,9 @@ partial outputs summed in fp32. It beats dequantize + matmul only at a few rows 
 When they pay (one thread, this project's AVX-512-BF16 CPU, BENCHMARKS.md): bf16 activations only.
 In fp32 both kernels are 15-30x slower than in bf16 (a 1024 x 2048 int4 weight, one row: 3.75 against
 0.125 ms), slower than the plain path, so fp32 and fp16 models are not packed (`FAST_DTYPES`). In bf16
-the int4 kernel beats dequantize + matmul up to ~64 rows per call and loses ~1.6x at 256 (prefill);
-unpacking per call would cost more than that, so INT4 always takes the kernel.
+the int4 kernel beats dequantize + matmul up to ~64 rows per call and loses 1.65x at 256 (prefill:
+12.3 against 7.4 ms for [1024, 2048]); unpacking for the plain path costs more (9.4 ms), so INT4
+always takes the kernel.
 
 torchao is not used: on CPU its weight-only int4 (`Int4CPULayout`) calls the same int4pack kernels and
 its int8 weight-only path dequantizes, so it would add a dependency and its own checkpoint format
@@ -57,10 +58,12 @@ def _pack_one(nibbles: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles.to(torch.int32), 1)
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=8)  # the real model has 6 quantized shapes (144 MB of orders in all)
 def _int4_order(n: int, k: int) -> torch.Tensor:
     """int32 [N·K]: for each nibble of the kernel's packed layout, the flat [N, K] position it came
-    from. Packing bit b of every position's index tells bit b of each packed nibble's source."""
+    from. Packing bit b of every position's index tells bit b of each packed nibble's source. Costs
+    0.3 s for [1024, 2048] and 5 s for [8192, 2048], once per shape: only `state_dict` of a packed
+    model and the fallback to the plain path unpack."""
     positions = torch.arange(n * k, dtype=torch.int32)
     source = torch.zeros(n * k, dtype=torch.int32)
     for bit in range(max(1, (n * k - 1).bit_length())):
