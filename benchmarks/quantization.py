@@ -122,7 +122,7 @@ def main(argv=None) -> None:
             " in memory). Quantized: routed experts, shared expert, attention q/k/v/o, GDN in_proj_qkv /"
             " in_proj_z / out_proj; float: embeddings, lm_head, norms, router, shared-expert gate, GDN"
             " in_proj_a/b, conv, bd_gdn scalars. INT8 symmetric, INT4 min-max with zero point (torch's"
-            " int4pack convention). A bf16 model on CPU runs torch's own kernels (`clover/model/quantized_kernels.py`):"
+            " int4pack convention). A bf16 model on CPU runs torch's own kernels (the kernel section of `clover/model/quantized.py`):"
             " INT4 `_weight_int4pack_mm_for_cpu`, INT8 `_weight_int8pack_mm` once per group of columns (up to"
             " 4 rows per call); the weights are laid out for them once, at quantize or load time, and"
             " `state_dict` still writes the stored format. The plain twin (dequantize, then the float matmul)"

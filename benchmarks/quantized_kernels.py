@@ -1,6 +1,6 @@
 """One quantized linear, torch's packed CPU kernel against the plain twin (dequantize + float matmul)
 and the float weight, by rows per call and dtype: the measurements behind `FAST_DTYPES` and
-`INT8_KERNEL_MAX_ROWS` in `clover/model/quantized_kernels.py`.
+`INT8_KERNEL_MAX_ROWS` in `clover/model/quantized.py`.
 
 Reproduce: `OMP_NUM_THREADS=1 nice -n 19 python benchmarks/quantized_kernels.py` (CPU ms per call,
 process time, mean of 5 after one warm-up; one-row bf16 float matmuls with oneDNN off, as
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from clover.model.quantized import QuantizedLinear
-from clover.model.quantized_kernels import KERNEL_DTYPES, int4_matmul, int8_matmul
+from clover.model.quantized import KERNEL_DTYPES, int4_matmul, int8_matmul
 
 SHAPES = ((1024, 2048, 128), (384, 192, 64))  # [N, K, group]: a real-width expert's gate_up; clover-tiny's q_proj
 ROWS = (1, 4, 16, 64, 256)

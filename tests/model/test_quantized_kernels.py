@@ -1,4 +1,4 @@
-"""torch's packed CPU int4 / int8 kernels (`clover.model.quantized_kernels`) against the plain twin
+"""torch's packed CPU int4 / int8 kernels (`clover.model.quantized`) against the plain twin
 (dequantize + float matmul): linears, routed experts, a whole tiny model (C2), the stored layout
 kept by state_dict, and the fallbacks where no kernel applies. Models pack only in bf16 (where the
 kernels pay); the fp32 cases pack with `dtypes=KERNEL_DTYPES` to check the kernels exactly.
@@ -16,7 +16,7 @@ from torch import nn
 from clover.model import CloverMoeForCausalLM
 from clover.model.cache import CloverCache
 from clover.model.quantized import KERNELS_ENV, QuantizedLinear, QuantizedWeight, pack_quantized
-from clover.model.quantized_kernels import INT8_KERNEL_MAX_ROWS, KERNEL_DTYPES, pack_int4, unpack_int4
+from clover.model.quantized import INT8_KERNEL_MAX_ROWS, KERNEL_DTYPES, pack_int4, unpack_int4
 from clover.quantization import quantize_model
 from tiny import tiny_model
 
