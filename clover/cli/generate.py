@@ -88,12 +88,13 @@ def special_ids(model, tokenizer) -> dict:
     settings = {}
     vocab = tokenizer.get_vocab()
     checkpoint = getattr(model, "generation_config", None)
+    from clover.model.generation_config import EOS_TOKENS, THINK_TOKENS
+
     if getattr(checkpoint, "eos_token_id", None) is None:
-        eos = [vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab]
+        eos = [vocab[t] for t in EOS_TOKENS if t in vocab]
         settings["eos_token_id"] = eos or tokenizer.eos_token_id
     if getattr(checkpoint, "pad_token_id", None) is None and tokenizer.pad_token_id is not None:
         settings["pad_token_id"] = tokenizer.pad_token_id
-    from clover.model.generation_config import THINK_TOKENS
 
     for name, token in THINK_TOKENS.items():
         if getattr(checkpoint, name, None) is None and token in vocab:

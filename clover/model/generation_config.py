@@ -67,6 +67,7 @@ SPEC_FIELDS = ("max_new_tokens", "block_size", "threshold", "do_sample", "temper
                "dllm_think_end_start", "dllm_think_end_window")
 SPEC_DEFAULTS = {f.name: f.default for f in fields(DecodeConfig) if f.name in SPEC_FIELDS}
 THINK_TOKENS = {"think_start_token_id": "<think>", "think_end_token_id": "</think>"}
+EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")  # the chat format's end tokens (SPEC §10)
 
 # Values that mean "off" both here and in transformers, which still warns ("generation flags are not
 # valid") when they sit beside `do_sample: false`. Leaving them out of a checkpoint changes nothing:

@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from clover.model.generation_config import MODES, DecodeConfig, resolve_config
+from clover.model.generation_config import EOS_TOKENS, MODES, THINK_TOKENS, DecodeConfig, resolve_config
 
 from .engine import Engine, EngineConfig
 from .metrics import ServingMetrics
@@ -51,8 +51,6 @@ class AsyncEngine:
 
 log = logging.getLogger("clover.serve")
 
-EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")  # SPEC §10
-THINK_TOKENS = ("<think>", "</think>")
 
 
 def _token_id(tokenizer, token: str) -> int | None:
@@ -65,7 +63,8 @@ def server_defaults(model, tokenizer) -> DecodeConfig:
     come from the tokenizer (the chat format's, SPEC §10), as `clover generate` does."""
     base = resolve_config(getattr(model, "generation_config", None), model.config, {})
     eos = base.eos_token_id or tuple(t for t in (_token_id(tokenizer, s) for s in EOS_TOKENS) if t is not None)
-    think_start, think_end = (_token_id(tokenizer, s) for s in THINK_TOKENS)
+    think_start, think_end = (_token_id(tokenizer, THINK_TOKENS[name])
+                              for name in ("think_start_token_id", "think_end_token_id"))
     return replace(base, eos_token_id=eos,
                    think_start_token_id=_first_set(base.think_start_token_id, think_start),
                    think_end_token_id=_first_set(base.think_end_token_id, think_end))
