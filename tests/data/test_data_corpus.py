@@ -82,3 +82,15 @@ def test_default_prompts_are_short(tok):
 def test_curriculum_tasks_stay_out_of_evaluation():
     assert "copy" in TASKS and "copy" not in EVAL_TASKS
     assert set(EVAL_TASKS) == {"airspace", "joint", "record"}
+
+
+@pytest.mark.parametrize("task", ["airspace", "joint"])
+def test_reasoning_off_draws_the_same_examples_with_an_empty_think_block(tok, task):
+    """`reasoning=False` (the recipes before stage 5) changes nothing but the think block: same
+    prompts and answers for the same seeds, and thinking-mode text with the empty block."""
+    on, off = get_task(task), get_task(task, reasoning=False)
+    for seed in range(5):
+        a, b = on.generate(seed, "train"), off.generate(seed, "train")
+        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta)
+        assert a.reasoning and b.reasoning == ""
+        assert format_chat(tok, b, enable_thinking=True).answer == "<think>\n\n</think>\n\n" + b.answer + "<|im_end|>"

@@ -84,7 +84,7 @@ class AirspaceTask(Task):
     name = "airspace"
 
     def __init__(self, min_notices: int = 1, max_notices: int = 4, nautical_miles: bool = False,
-                 wordings: int = 1, time_forms: int = 2):
+                 wordings: int = 1, time_forms: int = 2, reasoning: bool = True):
         if not 1 <= min_notices <= max_notices <= MAX_NOTICES:
             raise ValueError(f"need 1 <= min_notices <= max_notices <= {MAX_NOTICES}, "
                              f"got {min_notices}..{max_notices}")
@@ -97,6 +97,7 @@ class AirspaceTask(Task):
         self.nautical_miles = nautical_miles
         self.templates = _ZONE_TEMPLATES[:wordings]
         self.time_forms = time_forms
+        self.reasoning = reasoning  # write each zone's fate in the think block (else an empty one)
 
     def sample(self, rng: random.Random) -> Example:
         n = rng.randint(self.min_notices, self.max_notices)
@@ -114,7 +115,8 @@ class AirspaceTask(Task):
         prompt = INSTRUCTION + "\n" + "\n".join(lines)
         answer = json.dumps(target, separators=(",", ":"), ensure_ascii=False)
         status = {"cancel": "cancelled", "radius": "amended", "window": "amended"}
-        reasoning = "\n".join(f"{z.id} {status.get(modified.get(z.id), 'active')}." for z in zones)
+        reasoning = "\n".join(f"{z.id} {status.get(modified.get(z.id), 'active')}." for z in zones) \
+            if self.reasoning else ""
         return Example(prompt, answer, self.name, {"zones": target, "n_notices": n, "modified": modified},
                        reasoning)
 

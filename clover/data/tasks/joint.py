@@ -48,7 +48,7 @@ class JointTask(Task):
     name = "joint"
 
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
-                 chain: bool = False):
+                 chain: bool = False, reasoning: bool = True):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
@@ -58,6 +58,7 @@ class JointTask(Task):
         self.max_questions = max_questions
         self.max_rules = max_rules
         self.chain = chain
+        self.reasoning = reasoning  # write the think-block derivation (else an empty think block)
 
     def sample(self, rng: random.Random) -> Example:
         base = rng.sample(_BASE, 3)
@@ -78,7 +79,7 @@ class JointTask(Task):
         reasoning = "\n".join(
             f"{k}. Is {p} {prop}? {_fact_line(p, facts[p], base)} "
             f"{''.join(_rule_line(r) + ' ' for r in _rules_behind(prop, rules))}{_yn(a)}"
-            for k, ((p, prop), a) in enumerate(zip(questions, answers), 1))
+            for k, ((p, prop), a) in enumerate(zip(questions, answers), 1)) if self.reasoning else ""
         return Example(prompt, answer, self.name, {"answers": answers, "derived": derived}, reasoning)
 
     def field_spans(self, example: Example) -> list[tuple[str, int, int]]:
