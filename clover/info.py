@@ -7,10 +7,13 @@ The model is built on the meta device, so even the 35B preset costs no memory. D
   (a lookup), every routed-expert stack `top_k / num_experts` of its size, every other module (token
   mixer, router, shared expert and its gate, norms, lm_head) all of its parameters.
 - bf16 bytes: 2 bytes per parameter.
-- int4 bytes (weight-only, an estimate): every matrix of a linear layer or routed expert with at
-  least 128 outputs and an input dim divisible by 128 is stored as 4-bit values plus one bf16 scale
-  per group of 128 inputs (symmetric, no zero point: 4.125 bits per weight); everything else (the
-  embedding table, router, gates with few outputs, conv, norms, block-mode scalars) stays bf16.
+- int8 / int4 bytes: exact, in `clover quantize`'s format (`clover.quantization.quantized_bytes`,
+  counted on the meta device): the weights that format quantizes (experts, shared expert, attention
+  and GDN projections) as 8- or 4-bit values plus bf16 scales (and, for int4, zeros) per group of
+  `group_size` inputs; everything else (embeddings, lm_head, router, gates, conv, norms, block-mode
+  scalars) in bf16.
+- fits: whether the weights alone fit a GPU of that many GB (1e9 bytes); the KV cache, GDN states
+  and activations need room beyond them.
 """
 
 import json
@@ -24,8 +27,8 @@ from .model import CloverMoeConfig, CloverMoeForCausalLM
 from .model.moe import Experts
 
 PRESETS = {"clover-35b-a3b": {}}  # the config defaults are the Clover-35B-A3B-Preview values
-INT4_GROUP = 128
 BF16_BYTES = 2
+GPU_SIZES_GB = (16, 24)
 
 
 @dataclass(frozen=True)
@@ -33,8 +36,9 @@ class ModelInfo:
     total_params: int
     active_params: int
     bytes_bf16: int
-    bytes_int4: int
-    int4_quantized_params: int
+    bytes_int8: int | None  # None: the group size does not divide every quantized width
+    bytes_int4: int | None
+    group_size: int
     layer_pattern: str
     num_layers: int
     hidden_size: int
@@ -95,21 +99,10 @@ def layer_pattern(layer_types: list[str]) -> str:
     return f"({unit})×{repeats}" if len(runs) > 1 else f"{unit}×{repeats}"
 
 
-def _int4_eligible(module: nn.Module, param: torch.Tensor) -> bool:
-    if not isinstance(module, (nn.Linear, Experts)) or param.dim() < 2:
-        return False
-    out_dim, in_dim = param.shape[-2], param.shape[-1]
-    return out_dim >= INT4_GROUP and in_dim % INT4_GROUP == 0
-
-
-def _int4_bytes(numel: int) -> int:
-    return numel // 2 + (numel // INT4_GROUP) * BF16_BYTES
-
-
 def count(model: nn.Module, top_k: int) -> dict:
     """Totals over the model's parameters (see the module docstring for the definitions)."""
     seen: set[int] = set()
-    total = active = int4_bytes = quantized = 0
+    total = active = 0
     for module in model.modules():
         for param in module.parameters(recurse=False):
             if isinstance(module, nn.Embedding):
@@ -122,19 +115,25 @@ def count(model: nn.Module, top_k: int) -> dict:
                 continue
             seen.add(id(param))
             total += param.numel()
-            if _int4_eligible(module, param):
-                quantized += param.numel()
-                int4_bytes += _int4_bytes(param.numel())
-            else:
-                int4_bytes += param.numel() * BF16_BYTES
-    return dict(total_params=total, active_params=active, bytes_bf16=total * BF16_BYTES,
-                bytes_int4=int4_bytes, int4_quantized_params=quantized)
+    return dict(total_params=total, active_params=active, bytes_bf16=total * BF16_BYTES)
 
 
-def model_info(config: CloverMoeConfig) -> ModelInfo:
+def _quantized_or_none(config: CloverMoeConfig, bits: int, group_size: int) -> int | None:
+    from .quantization import quantized_bytes
+
+    try:
+        return quantized_bytes(config, bits, group_size)
+    except ValueError:  # a width the group size does not divide: not quantizable at this group size
+        return None
+
+
+def model_info(config: CloverMoeConfig, group_size: int = 128) -> ModelInfo:
     counts = count(meta_model(config), config.num_experts_per_tok)
     return ModelInfo(
         **counts,
+        bytes_int8=_quantized_or_none(config, 8, group_size),
+        bytes_int4=_quantized_or_none(config, 4, group_size),
+        group_size=group_size,
         layer_pattern=layer_pattern(list(config.layer_types)),
         num_layers=config.num_hidden_layers,
         hidden_size=config.hidden_size,
@@ -159,12 +158,21 @@ def _human(n: float, unit: str = "") -> str:
     return f"{n:.0f}{unit}"
 
 
-def format_info(info: ModelInfo) -> str:
+def weight_bytes(info: ModelInfo, bits: int) -> int:
+    return {16: info.bytes_bf16, 8: info.bytes_int8, 4: info.bytes_int4}[bits]
+
+
+def format_info(info: ModelInfo, bits: int | None = None) -> str:
     gb = 1e9
+    shown = (bits,) if bits else (16, 8, 4)
+    names = {16: "bf16", 8: f"int8, group {info.group_size}", 4: f"int4, group {info.group_size}"}
+    fits = lambda b: " / ".join(f"{'fits' if weight_bytes(info, b) <= size * gb else 'exceeds'} {size} GB"
+                                for size in GPU_SIZES_GB)
+    size = lambda b: (f"{weight_bytes(info, b) / gb:.2f} GB {names[b]}: {fits(b)}" if weight_bytes(info, b)
+                      else f"{names[b]}: not quantizable (the group size does not divide every quantized width)")
     lines = [
         f"parameters        {_human(info.total_params)} total, {_human(info.active_params)} active per token",
-        f"weights           {info.bytes_bf16 / gb:.1f} GB bf16, {info.bytes_int4 / gb:.1f} GB int4 "
-        f"(weight-only, group {INT4_GROUP}; {_human(info.int4_quantized_params)} params in int4, rest bf16)",
+        *(f"{'weights' if i == 0 else '':<18}{size(b)}" for i, b in enumerate(shown)),
         f"layers            {info.num_layers}: {info.layer_pattern}",
         f"hidden / vocab    {info.hidden_size} / {info.vocab_size}",
         f"experts           {info.num_experts} routed, top-{info.experts_per_token}"
@@ -174,6 +182,6 @@ def format_info(info: ModelInfo) -> str:
         f"{info.denoising.get('algorithm')} threshold {info.denoising.get('threshold')}",
         f"block coreset     {'on' if info.coreset_enabled else 'off'}, top_p {info.coreset_top_p}",
         "(active = one embedding row + every non-expert parameter incl. lm_head + top-k/num_experts "
-        "of the routed experts)",
+        "of the routed experts; GB = 1e9 bytes of weights only, in clover quantize's format)",
     ]
     return "\n".join(lines)

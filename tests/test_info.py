@@ -55,12 +55,25 @@ def test_tied_embeddings_are_counted_once():
     assert tied["active_params"] == untied["active_params"]
 
 
-def test_int4_estimate_on_large_matrices_only():
-    config = tiny_config(hidden_size=256, moe_intermediate_size=128, shared_expert_intermediate_size=128)
-    stats = count(meta_model(config), 2)
-    assert 0 < stats["int4_quantized_params"] < stats["total_params"]
-    q = stats["int4_quantized_params"]
-    assert stats["bytes_int4"] == q // 2 + q // 128 * 2 + (stats["total_params"] - q) * 2
+def test_quantized_bytes_are_clover_quantizes_format():
+    """int8/int4 bytes are what `clover quantize` writes (counted the same way), between a quarter
+    and a half of bf16 for int4 and under bf16 for int8."""
+    from clover.quantization import quantized_bytes
+
+    config = tiny_config()
+    info = model_info(config, group_size=16)
+    assert (info.bytes_int8, info.bytes_int4) == (quantized_bytes(config, 8, 16), quantized_bytes(config, 4, 16))
+    assert info.bytes_int4 < info.bytes_int8 < info.bytes_bf16
+    assert model_info(config, group_size=128).bytes_int4 is None  # 128 does not divide the tiny widths
+
+
+def test_cli_bits_says_what_fits(capsys):
+    """The issue's question: does Clover-35B-A3B at int4 fit a 16 GB or a 24 GB GPU (weights only)."""
+    assert main(["info", "--preset", "clover-35b-a3b", "--bits", "4"]) == 0
+    out = capsys.readouterr().out
+    weights = [line for line in out.splitlines() if "GB" in line and "int4" in line]
+    assert len(weights) == 1 and "exceeds 16 GB / fits 24 GB" in weights[0]
+    assert "bf16" not in weights[0]
 
 
 @pytest.mark.parametrize("types, expected", [
