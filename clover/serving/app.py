@@ -164,7 +164,9 @@ async def create_completion(raw: Request, req: CompletionRequest, rt: Runtime, c
     if req.suffix:
         raise bad_request("suffix is not supported by this server", "suffix")
     if req.best_of not in (None, 1):
-        raise bad_request(f"best_of={req.best_of} is not supported (only 1)", "best_of")
+        raise bad_request(f"best_of={req.best_of} is not supported (only 1): ranking candidates needs each "
+                          "one's sequence likelihood, which block diffusion does not produce; ask for n "
+                          "choices instead", "best_of")
     top = _completion_top_logprobs(req)
     prompt = await run_in_threadpool(completion_prompt, rt.tokenizer, req, rt.max_model_len)  # off the loop
     grammar = await run_in_threadpool(output_grammar, rt, req)
