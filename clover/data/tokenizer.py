@@ -38,6 +38,10 @@ SPECIAL_TOKENS: list[str] = [
     "</tool_call>",
     MASK,
 ]
+# Added tokens that are text a reader should see (as in Qwen3's tokenizers): kept whole like the
+# special tokens, but not special, so `decode(..., skip_special_tokens=True)` keeps the think block
+# and tool-call tags that separate reasoning and calls from the answer.
+TEXT_MARKERS: tuple[str, ...] = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
 # Pieces the BPE may merge inside (never across): an English contraction, a run of
 # letters (never with a leading space or symbol), one digit, a run of punctuation with an
@@ -103,7 +107,17 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     backend.train_from_iterator(_strip_specials(texts), trainer=trainer)
     for i, token in enumerate(SPECIAL_TOKENS):
         assert backend.token_to_id(token) == i, f"{token} did not get id {i}"
-    return wrap_backend(backend)
+    return wrap_backend(unmark_text_markers(backend))
+
+
+def unmark_text_markers(backend: Tokenizer) -> Tokenizer:
+    """The same tokenizer with `TEXT_MARKERS` as non-special added tokens (the BPE trainer adds
+    every token it is given as special)."""
+    data = json.loads(backend.to_str())
+    for added in data["added_tokens"]:
+        if added["content"] in TEXT_MARKERS:
+            added["special"] = False
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def _strip_specials(texts: Iterable[str]) -> Iterator[str]:

@@ -75,3 +75,18 @@ def test_saved_dir_loads_with_auto_tokenizer(tok, tmp_path):
     kwargs = dict(tokenize=False, add_generation_prompt=True, enable_thinking=False)
     assert loaded.apply_chat_template(msgs, **kwargs) == tok.apply_chat_template(msgs, **kwargs)
     assert len(load_tokenizer(tmp_path)) == len(tok)
+
+
+def test_think_and_tool_call_tags_survive_skip_special_tokens():
+    """As in Qwen3's tokenizers, the think and tool-call tags are whole added tokens but not special:
+    a reader decoding with skip_special_tokens=True still sees where the reasoning ends. Checked on
+    a freshly trained tokenizer and on the embedded model's."""
+    import clover
+    from clover.data import load_tokenizer
+    from clover.data.tokenizer import TEXT_MARKERS, train_tokenizer
+
+    for tok in (train_tokenizer(["a think b", "tool call c"] * 20, 300), load_tokenizer(clover.default_model_dir())):
+        text = "<think>\nx\n</think>\n\n<tool_call>\ny\n</tool_call><|im_end|>"
+        ids = tok(text, add_special_tokens=False).input_ids
+        assert all(len(tok(m, add_special_tokens=False).input_ids) == 1 for m in TEXT_MARKERS)
+        assert tok.decode(ids, skip_special_tokens=True) == text.replace("<|im_end|>", "")
