@@ -13,7 +13,11 @@ verifies (`Phase`, below). Requests of different modes therefore share a step, i
 
 Step token budget: a step feeds at most `max_step_tokens` prompt tokens (like vLLM's batched-token
 budget), shortest remaining prompt first, alongside every denoising and commit row; a long prompt
-therefore advances piece by piece while short requests start and finish between its pieces.
+therefore advances piece by piece while short requests start and finish between its pieces. With
+`attention_tokens` A set (the default), a prompt token at context position c counts 1 + c / A
+against the budget, since its attention reads c keys: a piece deep into a 32K prompt is cut to about
+a tenth of one at its start, so a step's cost, and the wait of the short requests beside it, stays
+about the same at any context (`prompt_cost`, `affordable_tokens`).
 
 One request's decoding state inside the engine, and what the engine reports back for it.
 
@@ -38,6 +42,7 @@ shorter to keep a step within its prompt-token budget (`step_tokens`). Pieces en
 are where the prefix cache stores and restores prompt state.
 """
 
+import math
 import threading
 import time
 from collections import deque
@@ -219,11 +224,34 @@ class SchedulerConfig:
     max_prefill_tokens: int = 8192  # prompt tokens admitted per step (at least one request)
     prefill_chunk: int = 512  # longest prompt piece in one forward; pieces end on its grid
     max_step_tokens: int = 2048  # prompt tokens fed per step, over all rows (at least 1)
+    attention_tokens: int | None = 2048  # context at which a token's attention costs one more token
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_queue", "max_prefill_tokens", "prefill_chunk", "max_step_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+        if self.attention_tokens is not None and self.attention_tokens <= 0:
+            raise ValueError(f"attention_tokens={self.attention_tokens} must be a positive integer or None")
+
+
+def prompt_cost(start: int, tokens: int, attention_tokens: int | None) -> float:
+    """Budget used by `tokens` prompt tokens at positions start.. : each counts 1 + position / A."""
+    if attention_tokens is None:
+        return float(tokens)
+    return tokens * (1.0 + (start + (tokens - 1) / 2) / attention_tokens)
+
+
+def affordable_tokens(start: int, budget: float, attention_tokens: int | None) -> int:
+    """The most prompt tokens from position `start` whose `prompt_cost` fits `budget`."""
+    if attention_tokens is None:
+        return max(int(budget), 0)
+    a = attention_tokens
+    # n (1 + (start + (n - 1)/2) / a) <= budget  <=>  n^2 / (2a) + n (1 + (start - 1/2) / a) - budget <= 0
+    b = 1.0 + (start - 0.5) / a
+    n = int(a * (math.sqrt(b * b + 2.0 * budget / a) - b))
+    while n > 0 and prompt_cost(start, n, a) > budget:  # float rounding
+        n -= 1
+    return max(n, 0)
 
 
 @dataclass
@@ -297,13 +325,15 @@ class Scheduler:
     def plan_prompt_tokens(self) -> set[int]:
         """Share the step's prompt-token budget, shortest remaining prompt first; returns the ids
         of the sequences that feed prompt tokens this step (the others wait a step)."""
-        budget, chosen = self.config.max_step_tokens, set()
+        budget, chosen, a = float(self.config.max_step_tokens), set(), self.config.attention_tokens
         for seq in sorted((s for s in self.running if s.in_prompt), key=lambda s: s.prompt_left):
-            tokens = min(seq.next_piece(self.config.prefill_chunk), budget)
+            tokens = min(seq.next_piece(self.config.prefill_chunk), affordable_tokens(seq.prefilled, budget, a))
+            if tokens <= 0 and not chosen:
+                tokens = 1  # every step feeds at least one prompt token, however deep
             if tokens <= 0:
                 break
             seq.plan_prompt_step(tokens)
-            budget -= tokens
+            budget -= prompt_cost(seq.prefilled, tokens, a)
             chosen.add(id(seq))
         return chosen
 

@@ -39,7 +39,8 @@ def drive(engine: Engine, schedule: list[tuple[int, str, list[int], object]]) ->
 
 
 def engine(model, tok, pool: bool, **settings) -> Engine:
-    scheduler = SchedulerConfig(prefill_chunk=8, max_step_tokens=16, max_batch_size=settings.pop("batch", 32))
+    scheduler = SchedulerConfig(prefill_chunk=8, max_step_tokens=16, attention_tokens=None,
+                                max_batch_size=settings.pop("batch", 32))
     return Engine(model, tok, EngineConfig(scheduler, cache_pool=pool, **settings))
 
 

@@ -41,7 +41,7 @@ def drive(engine: Engine, requests: list[tuple[str, list[int], object]]) -> dict
 
 
 def small_engine(model, tok, pool: bool = True, cls=Engine, prefix_mb: float = 64.0) -> Engine:
-    scheduler = SchedulerConfig(prefill_chunk=8, max_step_tokens=16)  # prompt pieces and prefix pages
+    scheduler = SchedulerConfig(prefill_chunk=8, max_step_tokens=16, attention_tokens=None)  # token budget
     return cls(model, tok, EngineConfig(scheduler, cache_pool=pool, prefix_cache_mb=prefix_mb))
 
 

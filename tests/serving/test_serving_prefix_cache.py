@@ -27,8 +27,8 @@ def run(engine, requests):
 
 
 def engine(model, tok, mb: float, chunk: int = 8, step_tokens: int = 2048):
-    return Engine(model, tok, EngineConfig(SchedulerConfig(prefill_chunk=chunk, max_step_tokens=step_tokens),
-                                           prefix_cache_mb=mb))
+    scheduler = SchedulerConfig(prefill_chunk=chunk, max_step_tokens=step_tokens, attention_tokens=None)
+    return Engine(model, tok, EngineConfig(scheduler, prefix_cache_mb=mb))
 
 
 def test_a_prefix_hit_gives_the_same_tokens(model, tok):
@@ -87,3 +87,44 @@ def test_step_budget_lets_a_short_request_finish_during_a_long_prefill(model, to
     assert done_at["short"] < len(long_prompt) // 16  # finished before half the long prompt was fed
     assert done_at["short"] < done_at["long"]
     assert eng.metrics.value("clover_prompt_tokens_total") == len(long_prompt) + len(short_prompt)
+
+
+def test_attention_budget_cost_and_the_most_tokens_it_affords():
+    """A prompt token at position c costs 1 + c / A; `affordable_tokens` is the largest piece whose
+    cost fits, so pieces shrink with depth; without A the budget counts tokens."""
+    from clover.serving.scheduler import affordable_tokens, prompt_cost
+
+    assert prompt_cost(0, 4, None) == 4.0 and prompt_cost(100, 4, 100) == 4 * (1 + 101.5 / 100)
+    for start in (0, 100, 4096, 31_000):
+        n = affordable_tokens(start, 2048, 2048)
+        assert prompt_cost(start, n, 2048) <= 2048 < prompt_cost(start, n + 1, 2048)
+    assert affordable_tokens(0, 2048, 2048) > 4 * affordable_tokens(16_384, 2048, 2048) > 0
+    assert affordable_tokens(5000, 37, None) == 37 and affordable_tokens(5000, 0.5, 64) == 0
+
+
+def test_attention_budget_cuts_deep_pieces_and_keeps_the_tokens(model, tok):
+    """With the attention-aware budget a long prompt is fed in pieces that get shorter with depth (a
+    step's prompt cost stays within the budget), and the output is the token budget's exactly."""
+    from clover.serving.scheduler import prompt_cost
+
+    ids = tok.encode(SYSTEM * 3 + "What is 2+2?")
+    settings = request_config(server_defaults(model, tok), dict(max_new_tokens=8), model.config.vocab_size)
+    outs = {}
+    for a in (None, 32):
+        eng = Engine(model, tok, EngineConfig(SchedulerConfig(prefill_chunk=64, max_step_tokens=48,
+                                                              attention_tokens=a), prefix_cache_mb=0))
+        pieces, got, fed = [], [], 0
+        eng.submit(EngineRequest("r", ids, settings), got.append)
+        with torch.inference_mode():
+            while eng.scheduler.num_running or eng.scheduler.num_waiting:
+                eng.step()
+                seq = eng.scheduler.running[0] if eng.scheduler.running else None
+                if seq is not None and seq.prefilled > fed:
+                    pieces.append((fed, seq.prefilled - fed))
+                    fed = seq.prefilled
+        outs[a] = [t for o in got for t in o.new_token_ids]
+        if a is not None:
+            sizes = [n for _, n in pieces]
+            assert len(ids) > 150 and len(sizes) > 4 and sizes[0] > max(sizes[len(sizes) // 2:])
+            assert all(prompt_cost(p, n, a) <= 48 for p, n in pieces)
+    assert outs[None] == outs[32]
