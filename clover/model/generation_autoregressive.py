@@ -181,9 +181,14 @@ def accept_draft(logits: torch.Tensor, batch: DecodeBatch, draft: torch.Tensor, 
     return VerifyResult(accepted, draft[:, :accepted + 1], chosen[:, accepted:accepted + 1]), logits
 
 
+def keeps_whole_draft(result: VerifyResult, size: int) -> bool:
+    """Every draft token holds: the verify's cache writes are exactly the committed tokens."""
+    return result.accepted == size - 1
+
+
 def rollback(batch: DecodeBatch, snapshot, result: VerifyResult, size: int) -> torch.Tensor:
     """Keep the cache only up to what stays committed; returns the tokens still to commit."""
-    if result.accepted == size - 1:  # every draft token holds: the verify wrote exactly them
+    if keeps_whole_draft(result, size):
         return result.emitted[:, :0]
     batch.cache.restore(snapshot)
     batch.attention_mask = batch.attention_mask[:, :snapshot.get_seq_length()]

@@ -66,7 +66,7 @@ import torch
 
 from clover.model.cache import RowsCache
 from clover.model.configuration_clover_moe import MAX_BLOCK_SIZE
-from clover.model.generation_autoregressive import fill_draft
+from clover.model.generation_autoregressive import fill_draft, keeps_whole_draft
 
 from .cache import CacheCapacityError, CachePool, PrefixCache, split_cache, stack_caches, stack_inputs
 from .denoise import RowDecoder, prompt_logprobs
@@ -82,9 +82,9 @@ class CausalSteps:
         return seq.decoder.verify(logits, seq.block, len(seq.generated), seq.generator)
 
     @staticmethod
-    def _kept(seq: Sequence, verdict) -> int:
+    def _kept(seq: Sequence, result) -> int:
         """Causal positions a VERIFY row keeps: all B when every draft token holds, else none."""
-        return seq.block_size if verdict[0].accepted == seq.block_size - 1 else 0
+        return seq.block_size if keeps_whole_draft(result, seq.block_size) else 0
 
     def _advance_causal(self, seq: Sequence, logits: torch.Tensor, verdict=None) -> None:
         """logits [K, V] of the row's forward (K = `seq.logits_to_keep`)."""
@@ -132,7 +132,7 @@ class CausalSteps:
         if self._emit(seq, emitted[:end], None if logprobs is None else logprobs[:end], reason):
             return
         seq.decoder.commit(result.emitted[0])
-        seq.pending = [] if self._kept(seq, (result,)) else emitted  # all kept: the verify wrote exactly them
+        seq.pending = [] if keeps_whole_draft(result, seq.block_size) else emitted
         self._open_draft(seq, int(result.next_token), None if entries is None else entries[-1])
 
 
@@ -313,7 +313,7 @@ class Engine(CausalSteps):
         if group.phase is Phase.VERIFY:  # what a verify keeps depends on its acceptance
             for row, seq in enumerate(seqs):
                 verdicts[row] = self._guarded(seq, self._verdict, out.logits[row])
-                appended[row] = 0 if verdicts[row] is None else self._kept(seq, verdicts[row])
+                appended[row] = 0 if verdicts[row] is None else self._kept(seq, verdicts[row][0])
         if group.phase is not Phase.DENOISE:
             self._write_back(group, batched, inputs.pads, appended)
         for row, seq in enumerate(seqs):
