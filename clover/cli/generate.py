@@ -85,20 +85,17 @@ def prompt_ids(tokenizer, text: str, args) -> list[int]:
 
 def special_ids(model, tokenizer) -> dict:
     """EOS / pad / think ids from the tokenizer, for whatever the checkpoint's config leaves unset."""
-    settings = {}
-    vocab = tokenizer.get_vocab()
-    checkpoint = getattr(model, "generation_config", None)
-    from clover.model.generation_config import EOS_TOKENS, THINK_TOKENS
+    from clover.model.generation_config import THINK_TOKENS, chat_token_ids
 
+    settings, ids = {}, chat_token_ids(tokenizer)
+    checkpoint = getattr(model, "generation_config", None)
     if getattr(checkpoint, "eos_token_id", None) is None:
-        eos = [vocab[t] for t in EOS_TOKENS if t in vocab]
-        settings["eos_token_id"] = eos or tokenizer.eos_token_id
+        settings["eos_token_id"] = ids["eos_token_id"] or tokenizer.eos_token_id
     if getattr(checkpoint, "pad_token_id", None) is None and tokenizer.pad_token_id is not None:
         settings["pad_token_id"] = tokenizer.pad_token_id
-
-    for name, token in THINK_TOKENS.items():
-        if getattr(checkpoint, name, None) is None and token in vocab:
-            settings[name] = vocab[token]
+    for name in THINK_TOKENS:
+        if getattr(checkpoint, name, None) is None and name in ids:
+            settings[name] = ids[name]
     return settings
 
 

@@ -69,6 +69,16 @@ SPEC_DEFAULTS = {f.name: f.default for f in fields(DecodeConfig) if f.name in SP
 THINK_TOKENS = {"think_start_token_id": "<think>", "think_end_token_id": "</think>"}
 EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")  # the chat format's end tokens (SPEC §10)
 
+
+def chat_token_ids(tokenizer) -> dict:
+    """The chat format's token ids that `tokenizer` has: `eos_token_id` (a list, maybe empty) and
+    `think_start_token_id` / `think_end_token_id` (only those present). The one place the
+    defaults a checkpoint leaves unset are read from a tokenizer."""
+    vocab = tokenizer.get_vocab()
+    ids = {"eos_token_id": [vocab[t] for t in EOS_TOKENS if t in vocab]}
+    ids.update({name: vocab[token] for name, token in THINK_TOKENS.items() if token in vocab})
+    return ids
+
 # Values that mean "off" both here and in transformers, which still warns ("generation flags are not
 # valid") when they sit beside `do_sample: false`. Leaving them out of a checkpoint changes nothing:
 # an absent field resolves to the same DecodeConfig default.

@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from clover.model.generation_config import EOS_TOKENS, MODES, THINK_TOKENS, DecodeConfig, resolve_config
+from clover.model.generation_config import MODES, DecodeConfig, chat_token_ids, resolve_config
 
 from .engine import Engine, EngineConfig
 from .metrics import ServingMetrics
@@ -53,21 +53,14 @@ log = logging.getLogger("clover.serve")
 
 
 
-def _token_id(tokenizer, token: str) -> int | None:
-    tid = tokenizer.convert_tokens_to_ids(token)
-    return tid if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0 else None
-
-
 def server_defaults(model, tokenizer) -> DecodeConfig:
     """The model's resolved decoding defaults; EOS and think token ids the checkpoint leaves unset
     come from the tokenizer (the chat format's, SPEC §10), as `clover generate` does."""
     base = resolve_config(getattr(model, "generation_config", None), model.config, {})
-    eos = base.eos_token_id or tuple(t for t in (_token_id(tokenizer, s) for s in EOS_TOKENS) if t is not None)
-    think_start, think_end = (_token_id(tokenizer, THINK_TOKENS[name])
-                              for name in ("think_start_token_id", "think_end_token_id"))
-    return replace(base, eos_token_id=eos,
-                   think_start_token_id=_first_set(base.think_start_token_id, think_start),
-                   think_end_token_id=_first_set(base.think_end_token_id, think_end))
+    ids = chat_token_ids(tokenizer)
+    return replace(base, eos_token_id=base.eos_token_id or tuple(ids["eos_token_id"]),
+                   think_start_token_id=_first_set(base.think_start_token_id, ids.get("think_start_token_id")),
+                   think_end_token_id=_first_set(base.think_end_token_id, ids.get("think_end_token_id")))
 
 
 def _first_set(*values):

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from clover.model.checkpoint_save import write_generation_config
-from clover.model.generation_config import SPEC_DEFAULTS, THINK_TOKENS
+from clover.model.generation_config import SPEC_DEFAULTS, THINK_TOKENS, chat_token_ids
 
 
 def generation_config(config, eos_ids: tuple[int, ...], pad_id: int, block_size: int) -> dict:
@@ -16,12 +16,6 @@ def generation_config(config, eos_ids: tuple[int, ...], pad_id: int, block_size:
     return {**SPEC_DEFAULTS, "block_size": block_size, "eos_token_id": list(eos_ids),
             "pad_token_id": pad_id,
             "max_new_tokens": min(SPEC_DEFAULTS["max_new_tokens"], config.max_position_embeddings // 2)}
-
-
-def think_token_ids(tokenizer) -> dict:
-    """`<think>` / `</think>` ids for the think-end bias (SPEC §6), when the tokenizer has them."""
-    vocab = tokenizer.get_vocab()
-    return {name: vocab[token] for name, token in THINK_TOKENS.items() if token in vocab}
 
 
 def export_checkpoint(model, directory: str | Path, eos_ids: tuple[int, ...], pad_id: int,
@@ -39,7 +33,7 @@ def export_checkpoint(model, directory: str | Path, eos_ids: tuple[int, ...], pa
         model.save_pretrained(directory)
     values = {**generation_config(model.config, eos_ids, pad_id, block_size), **(generation or {})}
     if tokenizer is not None:
-        values |= think_token_ids(tokenizer)
+        values |= {name: id_ for name, id_ in chat_token_ids(tokenizer).items() if name in THINK_TOKENS}
     write_generation_config(directory, values)
     if tokenizer is not None:
         from clover.data.tokenizer import save_tokenizer
