@@ -76,13 +76,17 @@ class RowDecoder:
         return cls(cfg, processors, history, eos, model.config.mask_token_id, top_logprobs, recorder, {},
                    constraint)
 
+    @property
+    def constraints(self) -> list | None:
+        """The grammar constraint per row, as the model's decoding steps take it (None: free text)."""
+        return None if self.constraint is None else [self.constraint]
+
     def step(self, logits: torch.Tensor, block: torch.Tensor, start: int, limit: int,
              generator: torch.Generator | None) -> torch.Tensor:
         """logits [B, V], block [B] -> the block after one denoising step (positions < limit); with
         a grammar, a left-to-right run (`clover.model.generation_sampling`)."""
-        constraints = None if self.constraint is None else [self.constraint]
         new, filled = denoise_step(logits[None], block[None], self.history, start, limit, self.cfg,
-                                   self.processors, self.mask_token_id, generator, constraints=constraints)
+                                   self.processors, self.mask_token_id, generator, constraints=self.constraints)
         if self.recorder is not None:
             self._record(new[0], filled[0])
         return new[0]
@@ -119,9 +123,8 @@ class RowDecoder:
                    generator: torch.Generator | None) -> tuple[int, TokenLogprob | None]:
         """logits [V] of the last position -> the token at response `position` (AR's rule, with
         the grammar when there is one) and its logprob entry when asked for."""
-        constraints = None if self.constraint is None else [self.constraint]
         token = next_token(logits.view(1, 1, -1), self.history, position, self.cfg, self.processors,
-                           self.mask_token_id, generator, constraints)  # [1, 1]
+                           self.mask_token_id, generator, self.constraints)  # [1, 1]
         entry = None
         if self.recorder is not None:
             entry = token_logprobs(self.recorder.logits.view(1, -1), token.view(1), self.top_logprobs)[0]
