@@ -3,10 +3,11 @@
 Reproduce:  OMP_NUM_THREADS=1 python benchmarks/engine_features.py [--system 2048 --long 8192]
 
 * Prefix cache: time to first block of a request sharing a `--system`-token prefix with an earlier
-  one, against the same request on a cold cache (ratio; goal <= 0.3).
+  one, against the same request on a cold cache (ratio; goal <= 0.3): chat prompts (a system
+  message of held-out notices, then a held-out question) and random tokens.
 * Head-of-line: latency of 8-token requests submitted while a `--long`-token prompt prefills,
-  against the same requests on an idle engine; with the step budget (defaults) and without it
-  (pieces of 4096, no budget: the engine before this change).
+  against the same requests on an idle engine: the defaults, then without the prefill share, with a
+  128-token budget, and without any budget (pieces of 4096: the engine before the budget).
 """
 
 import argparse
@@ -30,11 +31,12 @@ def make_engine(model, tok, **scheduler):
 
 def drive(engine, requests, cfg, submit_at=None):
     """Submit (id, ids) requests (request i at engine step submit_at[i]); step until idle.
-    Returns id -> (seconds to first block, seconds to finish)."""
+    Returns id -> (seconds to first block, seconds to finish, seconds to the end of its prompt:
+    the forward that finishes the prefill and takes the first block's first denoising step)."""
     from clover.serving.scheduler import EngineRequest
 
     submit_at = submit_at or [0] * len(requests)
-    first, done, start = {}, {}, {}
+    first, done, start, prompt_done = {}, {}, {}, {}
 
     def sink(rid):
         def put(out):
@@ -55,7 +57,29 @@ def drive(engine, requests, cfg, submit_at=None):
                 break
             engine.step()
             step += 1
-    return {rid: (first.get(rid, done[rid]), done[rid]) for rid, _ in requests}
+            for seq in engine.scheduler.running:
+                if not seq.in_prompt and seq.request_id not in prompt_done:
+                    prompt_done[seq.request_id] = time.perf_counter() - start[seq.request_id]
+    return {rid: (first.get(rid, done[rid]), done[rid], prompt_done.get(rid, first.get(rid, done[rid])))
+            for rid, _ in requests}
+
+
+def chat_prompts(tok, system_tokens: int) -> tuple[list[int], list[int]]:
+    """Two chat prompts sharing a system message of about `system_tokens` tokens (held-out airspace
+    notices as reference text), each asking a different held-out airspace question."""
+    from clover.data.tasks import get_task
+
+    task = get_task("airspace")
+    notices, seed = [], 1000
+    while len(tok.encode("\n\n".join(notices))) < system_tokens:
+        notices.append(task.generate(seed, "eval").prompt)
+        seed += 1
+    system = "Reference notices for today:\n\n" + "\n\n".join(notices)
+
+    def ask(seed):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task.generate(seed, "eval").prompt}]
+        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return ask(1), ask(2)
 
 
 def main() -> None:
@@ -64,6 +88,7 @@ def main() -> None:
     p.add_argument("--long", type=int, default=8192)
     p.add_argument("--short", type=int, default=8, help="short requests during the long prefill")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--settings", type=int, default=5, help="run the first N head-of-line settings")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     model, tok, cfg = embedded_engine_inputs(32)
@@ -73,21 +98,27 @@ def main() -> None:
     system = words_ok(words(args.system))
 
     # prefix cache: cold vs warm time to first block, same engine settings
-    question = words_ok(words(16))
-    cold = drive(make_engine(model, tok, prefix_cache_mb=0), [("q", system + question)], cfg)["q"][0]
-    warm_engine = make_engine(model, tok)
-    drive(warm_engine, [("a", system + words_ok(words(16)))], cfg)
-    warm = drive(warm_engine, [("q", system + question)], cfg)["q"][0]
-    hit = warm_engine.metrics.value("clover_prefix_cache_hit_tokens_total")
-    print(f"prefix cache: {args.system}-token shared prefix, first block cold {1e3 * cold:.0f} ms, "
-          f"warm {1e3 * warm:.0f} ms, ratio {warm / cold:.2f} ({hit:.0f} prompt tokens from the cache)")
+    for name, (first, second) in [("chat", chat_prompts(tok, args.system)),
+                                  ("random tokens", (system + words_ok(words(16)), system + words_ok(words(16))))]:
+        cold = drive(make_engine(model, tok, prefix_cache_mb=0), [("q", second)], cfg)["q"]
+        warm_engine = make_engine(model, tok)
+        drive(warm_engine, [("a", first)], cfg)
+        warm = drive(warm_engine, [("q", second)], cfg)["q"]
+        hit = warm_engine.metrics.value("clover_prefix_cache_hit_tokens_total")
+        print(f"prefix cache, {name}: {len(second)}-token prompt ({hit:.0f} tokens from the cache): first block "
+              f"cold {1e3 * cold[0]:.0f} ms, warm {1e3 * warm[0]:.0f} ms, ratio {warm[0] / cold[0]:.2f}; end of "
+              f"prompt cold {1e3 * cold[2]:.0f} ms, warm {1e3 * warm[2]:.0f} ms, ratio {warm[2] / cold[2]:.2f}")
 
     # head-of-line
     shorts = [(f"s{i}", words_ok(words(8))) for i in range(args.short)]
     long_req = ("long", words_ok(words(args.long)))
-    for name, settings in [("step budget (defaults: 2048 / step, pieces of 512)", {}),
-                           ("step budget 128 / step, pieces of 128", dict(prefill_chunk=128, max_step_tokens=128)),
-                           ("no budget (4096 pieces)", dict(prefill_chunk=4096, max_step_tokens=1 << 30))]:
+    small = dict(prefill_chunk=128, max_step_tokens=128)
+    for name, settings in [("defaults (2048 / step, pieces of 512, prefill share 0.5)", {}),
+                           ("2048 / step, no prefill share", dict(prefill_share=None)),
+                           ("128 / step, pieces of 128, prefill share 0.5", small),
+                           ("128 / step, pieces of 128, no prefill share", dict(small, prefill_share=None)),
+                           ("no budget (4096 pieces)", dict(prefill_chunk=4096, max_step_tokens=1 << 30,
+                                                            prefill_share=None))][:args.settings]:
         idle = drive(make_engine(model, tok, prefix_cache_mb=0, **settings), shorts, cfg,
                      submit_at=list(range(0, 2 * len(shorts), 2)))
         busy = drive(make_engine(model, tok, prefix_cache_mb=0, **settings), [long_req] + shorts, cfg,

@@ -36,6 +36,9 @@ def register(sub) -> None:
     p.add_argument("--step-attention-tokens", type=int, default=2048,
                    help="a prompt token at context c counts 1 + c/N against --max-step-tokens, so pieces deep "
                         "into a long prompt are shorter (0 = count tokens only)")
+    p.add_argument("--prefill-share", type=float, default=0.5,
+                   help="share of engine time a long prompt's pieces may take while other requests decode, "
+                        "in (0, 1]; 1 = no cap (default 0.5)")
     p.add_argument("--prefix-cache-mb", type=float, default=256.0,
                    help="memory for cached prompt prefixes, LRU (0 = off)")
     p.add_argument("--cache-slot-tokens", type=int, default=None,
@@ -80,8 +83,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--prefix-cache-mb={args.prefix_cache_mb} must be >= 0 (0 turns the cache off)")
     if args.step_attention_tokens < 0:
         raise ValueError(f"--step-attention-tokens={args.step_attention_tokens} must be >= 0 (0 = count tokens only)")
+    if not 0 < args.prefill_share <= 1:
+        raise ValueError(f"--prefill-share={args.prefill_share} must be in (0, 1] (1 = no cap)")
     scheduler = SchedulerConfig(args.max_batch_size, args.max_queue, max_step_tokens=args.max_step_tokens,
-                                attention_tokens=args.step_attention_tokens or None)
+                                attention_tokens=args.step_attention_tokens or None,
+                                prefill_share=None if args.prefill_share == 1 else args.prefill_share)
     engine_config = EngineConfig(scheduler, num_threads=args.threads, prefix_cache_mb=args.prefix_cache_mb,
                                  slot_tokens=args.cache_slot_tokens)
     config = ServerConfig(args.served_model_name or directory.resolve().name, args.api_key, args.max_body_bytes,

@@ -25,7 +25,8 @@ Design (correctness first: greedy output never depends on the batch, SPEC C4):
   most three forwards a step; the DENOISE group's batched cache is reused while its rows are
   unchanged and unwritten.
 * Each step feeds at most `max_step_tokens` prompt tokens (`scheduler.Scheduler`), so a long prompt does
-  not stall the requests decoding next to it.
+  not stall the requests decoding next to it, and while others decode a long prompt's pieces take at
+  most `prefill_share` of the engine's time.
 * Prefix cache (`cache.PrefixCache`): prompt state at piece boundaries is kept (LRU, `prefix_cache_mb`)
   and a request sharing a cached prefix starts with it, prefilling only the rest.
 * Requests are admitted between steps (a block boundary for everyone). A request that finishes,
@@ -234,9 +235,12 @@ class Engine(CausalSteps):
         self._denoise_memo = {b: v for b, v in self._denoise_memo.items() if b in live}
         if not groups:
             return
-        started = time.perf_counter()
+        started, seconds = time.perf_counter(), {True: 0.0, False: 0.0}  # long prompts' pieces or not
         for group in groups:
+            t = time.perf_counter()
             self._run_group_isolated(group)
+            seconds[group.phase is Phase.CHUNK] += time.perf_counter() - t
+        self.scheduler.account(seconds[True], seconds[False])
         self.metrics.step_time.observe(time.perf_counter() - started)
 
     def _run_group_isolated(self, group: Group) -> None:

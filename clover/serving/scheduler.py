@@ -19,6 +19,15 @@ against the budget, since its attention reads c keys: a piece deep into a 32K pr
 a tenth of one at its start, so a step's cost, and the wait of the short requests beside it, stays
 about the same at any context (`prompt_cost`, `affordable_tokens`).
 
+Prefill share: while other requests decode, the pieces of a long prompt (those that do not finish
+it this step) take at most `prefill_share` of the engine's time. The engine reports each step's
+seconds in such pieces and in everything else (`account`); while the pieces are over their share
+they sit out steps, and each piece is cut to about the time the other rows' forwards took (from the
+measured rate of the last pieces; `_timed_piece`). On a CPU a piece of 2,048 tokens costs tens of
+short-request steps, and a small one still costs about one (most of a small forward is fixed per-op
+cost), so neither a token budget nor the share alone keeps a short request's wait within 2x its
+idle time; both together do. Alone, a long prompt takes the whole token budget.
+
 One request's decoding state inside the engine, and what the engine reports back for it.
 
 A `Sequence` is owned by the engine thread. Its phase says what its next forward feeds:
@@ -225,6 +234,7 @@ class SchedulerConfig:
     prefill_chunk: int = 512  # longest prompt piece in one forward; pieces end on its grid
     max_step_tokens: int = 2048  # prompt tokens fed per step, over all rows (at least 1)
     attention_tokens: int | None = 2048  # context at which a token's attention costs one more token
+    prefill_share: float | None = 0.5  # engine time long prompts' pieces may take while others decode (None: all)
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_queue", "max_prefill_tokens", "prefill_chunk", "max_step_tokens"):
@@ -232,6 +242,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
         if self.attention_tokens is not None and self.attention_tokens <= 0:
             raise ValueError(f"attention_tokens={self.attention_tokens} must be a positive integer or None")
+        if self.prefill_share is not None and not 0 < self.prefill_share < 1:
+            raise ValueError(f"prefill_share={self.prefill_share} must be in (0, 1), or None for no cap")
 
 
 def prompt_cost(start: int, tokens: int, attention_tokens: int | None) -> float:
@@ -239,6 +251,18 @@ def prompt_cost(start: int, tokens: int, attention_tokens: int | None) -> float:
     if attention_tokens is None:
         return float(tokens)
     return tokens * (1.0 + (start + (tokens - 1) / 2) / attention_tokens)
+
+
+MIN_TIMED_PIECE = 128  # prompt tokens a piece keeps however short the other rows' step (`_timed_piece`)
+
+
+def spend_piece_time(debt: float, piece_s: float, other_s: float, share: float | None) -> float:
+    """Piece time over its share after a step that spent `piece_s` seconds in long prompts' pieces
+    and `other_s` in everything else (0: within it). Nothing is owed after a step without other
+    work: nobody waited for the pieces, and they must not be held back for it later."""
+    if share is None or other_s == 0:
+        return 0.0
+    return max(0.0, debt + piece_s - other_s * share / (1 - share))
 
 
 def affordable_tokens(start: int, budget: float, attention_tokens: int | None) -> int:
@@ -268,6 +292,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._aborted: set[str] = set()
+        self._piece_debt = 0.0  # seconds long prompts' pieces ran over `prefill_share` (`account`)
+        self._piece_cost = 0.0  # prompt cost of this step's pieces (`prompt_cost`)
+        self._piece_rate: float | None = None  # prompt cost per second of the last step's pieces
+        self._other_s: float | None = None  # seconds of the last step's other forwards
         self._lock = threading.Lock()
         self.wakeup = threading.Condition(self._lock)
 
@@ -322,18 +350,46 @@ class Scheduler:
                 admitted.append(seq)
         return admitted
 
+    def account(self, piece_s: float, other_s: float) -> None:
+        """The engine's report of a step: seconds in long prompts' pieces (CHUNK forwards) and in
+        all other forwards."""
+        self._piece_debt = spend_piece_time(self._piece_debt, piece_s, other_s, self.config.prefill_share)
+        if piece_s > 0 and self._piece_cost > 0:
+            self._piece_rate = self._piece_cost / piece_s
+        if other_s > 0:
+            self._other_s = other_s
+
+    def _timed_piece(self, seq: Sequence, tokens: int) -> int:
+        """`tokens` cut so that the piece's forward should take about as long as the other rows'
+        forwards did in the last step (measured rate), but not under MIN_TIMED_PIECE tokens."""
+        if self._piece_rate is None or self._other_s is None:
+            return tokens
+        fits = affordable_tokens(seq.prefilled, self._piece_rate * self._other_s, self.config.attention_tokens)
+        return min(tokens, max(fits, MIN_TIMED_PIECE))
+
     def plan_prompt_tokens(self) -> set[int]:
         """Share the step's prompt-token budget, shortest remaining prompt first; returns the ids
-        of the sequences that feed prompt tokens this step (the others wait a step)."""
+        of the sequences that feed prompt tokens this step (the others wait a step). While other
+        rows decode, a piece that does not finish its prompt is cut to about their step's time, and
+        sits out while such pieces are over their time share (`prefill_share`)."""
         budget, chosen, a = float(self.config.max_step_tokens), set(), self.config.attention_tokens
+        decoding = any(not s.in_prompt for s in self.running)
+        self._piece_cost = 0.0
         for seq in sorted((s for s in self.running if s.in_prompt), key=lambda s: s.prompt_left):
             tokens = min(seq.next_piece(self.config.prefill_chunk), affordable_tokens(seq.prefilled, budget, a))
+            piece = tokens < seq.prompt_left  # leaves some of its prompt for a later step
+            if piece and decoding and self.config.prefill_share is not None:
+                if self._piece_debt > 0:
+                    continue
+                tokens = self._timed_piece(seq, tokens)
             if tokens <= 0 and not chosen:
                 tokens = 1  # every step feeds at least one prompt token, however deep
             if tokens <= 0:
                 break
             seq.plan_prompt_step(tokens)
-            budget -= prompt_cost(seq.prefilled, tokens, a)
+            cost = prompt_cost(seq.prefilled, tokens, a)
+            budget -= cost
+            self._piece_cost += cost if seq.phase is Phase.CHUNK else 0.0
             chosen.add(id(seq))
         return chosen
 

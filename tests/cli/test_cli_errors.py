@@ -87,3 +87,10 @@ def test_malformed_recipe_is_one_line(capsys, tmp_path):
     one_line_user_error(*run(capsys, "train", tmp_path / "r.yaml"))
     (tmp_path / "r.json").write_text('{"model": ')
     one_line_user_error(*run(capsys, "train", tmp_path / "r.json"))
+
+
+@pytest.mark.parametrize("flag,value,limit", [("--prefill-share", "0", "(0, 1]"), ("--prefill-share", "1.5", "(0, 1]"),
+                                              ("--max-step-tokens", "0", "positive"),
+                                              ("--step-attention-tokens", "-1", ">= 0")])
+def test_serve_refuses_bad_scheduler_settings(checkpoint, capsys, flag, value, limit):
+    one_line_user_error(*run(capsys, "serve", "--model", checkpoint, flag, value), f"{flag}={value}", limit)

@@ -128,3 +128,49 @@ def test_attention_budget_cuts_deep_pieces_and_keeps_the_tokens(model, tok):
             assert len(ids) > 150 and len(sizes) > 4 and sizes[0] > max(sizes[len(sizes) // 2:])
             assert all(prompt_cost(p, n, a) <= 48 for p, n in pieces)
     assert outs[None] == outs[32]
+
+
+def test_piece_time_over_the_share_is_owed_until_other_work_pays_it():
+    from clover.serving.scheduler import spend_piece_time
+
+    assert spend_piece_time(0.0, 3.0, 1.0, 0.5) == 2.0  # share 0.5: a piece may take what the rest took
+    assert spend_piece_time(2.0, 0.0, 1.0, 0.5) == 1.0 and spend_piece_time(1.0, 0.0, 1.0, 0.5) == 0.0
+    assert spend_piece_time(0.0, 0.5, 1.0, 0.5) == 0.0  # under the share: no credit is banked
+    assert spend_piece_time(0.0, 3.0, 1.0, 0.75) == 0.0  # share 3/4: three times the rest
+    assert spend_piece_time(5.0, 3.0, 0.0, 0.5) == 0.0  # nobody else ran: nothing owed
+    assert spend_piece_time(5.0, 3.0, 1.0, None) == 0.0
+    with pytest.raises(ValueError, match="prefill_share=1.5"):
+        SchedulerConfig(prefill_share=1.5)
+
+
+def test_prefill_share_spaces_a_long_prompts_pieces_and_keeps_the_tokens(model, tok):
+    """With the step times fixed (a piece forward 3, the rest 1) and share 0.5, the long prompt's
+    pieces run in at most one step in three while the short request decodes, and every request's
+    tokens are those without the share."""
+    long_prompt, short_prompt = tok.encode(SYSTEM * 3), tok.encode("Hi")
+    cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=16, block_size=4), model.config.vocab_size)
+    outs = {}
+    for share in (None, 0.5):
+        eng = Engine(model, tok, EngineConfig(SchedulerConfig(prefill_chunk=8, max_step_tokens=8, attention_tokens=None,
+                                                              prefill_share=share), prefix_cache_mb=0))
+        account = eng.scheduler.account
+        eng.scheduler.account = lambda piece, other: account(3.0 * (piece > 0), 1.0 * (other > 0))  # noqa: B023
+        got = {"long": [], "short": []}
+        for rid, ids in (("long", long_prompt), ("short", short_prompt)):
+            eng.submit(EngineRequest(rid, ids, cfg), got[rid].append)
+        pieces_while_decoding = []
+        with torch.inference_mode():
+            while eng.scheduler.num_running or eng.scheduler.num_waiting:
+                running = {s.request_id: s for s in eng.scheduler.running}
+                decoding = "short" in running and not running["short"].in_prompt
+                fed = running["long"].prefilled if "long" in running else None
+                eng.step()
+                if decoding and fed is not None and running["long"].in_prompt:
+                    pieces_while_decoding.append(running["long"].prefilled > fed)
+        outs[share] = {rid: [t for o in v for t in o.new_token_ids] for rid, v in got.items()}
+        if share is None:
+            assert all(pieces_while_decoding)
+        else:
+            assert len(pieces_while_decoding) >= 6 and any(pieces_while_decoding)
+            assert all(sum(pieces_while_decoding[i:i + 3]) <= 1 for i in range(len(pieces_while_decoding) - 2))
+    assert outs[None] == outs[0.5] and all(outs[None].values())
