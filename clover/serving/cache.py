@@ -10,7 +10,8 @@ so no step stacks, splits or concatenates cached keys. When the request leaves, 
 emptied (its buffers kept) and handed to the next request that fits in it.
 
 Sizing: a slot's capacity is the positions its request needs (`cache_capacity`: prompt, every
-block of the budget, two blocks of scratch) rounded up to a power of two, at most `slot_tokens`.
+block of the budget, two blocks of scratch) rounded up on a grid of four sizes per power of two
+(`slot_size`: at most 25% over the need), at most `slot_tokens`.
 A request needing more than the free slots hold gets a free slot replaced by a larger one, so the
 memory follows the longest requests the server has seen, not `slot_tokens` x slots. A request
 needing more than `slot_tokens` is refused (`CacheCapacityError`).
@@ -123,6 +124,14 @@ def stack_inputs(causal: list[list[int]], blocks: list[torch.Tensor], pad_id: in
 MIN_SLOT_TOKENS = 256
 
 
+def slot_size(need: int) -> int:
+    """`need` positions rounded up to a multiple of an eighth of the power of two at or above it:
+    four sizes per octave, so a slot is at most 25% larger than its request needs (a power of two
+    was up to 2x), and freed slots still fit later requests of about the same length."""
+    grain = 1 << max(0, (need - 1).bit_length() - 3)
+    return -(-need // grain) * grain
+
+
 class CacheCapacityError(ValueError):
     """A request that cannot get a cache slot; the message names the need and the limit."""
 
@@ -147,7 +156,7 @@ class CachePool:
         else:
             if self.free and len(self.free) + self.taken >= self.num_slots:
                 self.free.remove(min(self.free, key=lambda c: c.capacity))  # too small: replaced
-            cache = self.new_cache(min(self.slot_tokens, max(MIN_SLOT_TOKENS, 1 << (need - 1).bit_length())))
+            cache = self.new_cache(min(self.slot_tokens, max(MIN_SLOT_TOKENS, slot_size(need))))
         self.taken += 1
         return cache
 

@@ -106,3 +106,12 @@ def test_the_server_refuses_a_request_beyond_a_slot_with_400(tok):
         assert ok.choices[0].message.content
     finally:
         srv.stop()
+
+
+def test_slot_size_is_at_most_a_quarter_over_the_need():
+    from clover.serving.cache import slot_size
+
+    sizes = {slot_size(n) for n in range(1, 70_000)}
+    assert all(slot_size(n) >= n and slot_size(n) <= 1.25 * n for n in range(1, 70_000))
+    assert {s for s in sizes if 16_384 < s <= 32_768} == {20_480, 24_576, 28_672, 32_768}  # four per octave
+    assert slot_size(16_904) == 20_480  # a 16K prompt with 512 new tokens: 1.21x, not 32,768 (1.94x)
