@@ -31,7 +31,7 @@ def child(engine: str, context: int, rows: int, steps: int, threads: int) -> dic
     from common import embedded_engine_inputs
 
     from clover.serving.engine import Engine, EngineConfig
-    from clover.serving.scheduler import EngineRequest
+    from clover.serving.scheduler import EngineRequest, SchedulerConfig
 
     torch.set_num_threads(threads)
     model, tok, cfg = embedded_engine_inputs(max_new_tokens=64 * steps)
@@ -39,7 +39,10 @@ def child(engine: str, context: int, rows: int, steps: int, threads: int) -> dic
     prefix = torch.randint(0, model.config.mask_token_id, (context,), generator=g).tolist()
     prompts = [prefix + torch.randint(0, model.config.mask_token_id, (8,), generator=g).tolist()
                for _ in range(rows)]
-    engine_ = Engine(model, tok, EngineConfig(cache_pool=engine == "pool"))
+    # no step budget: the rows prefill in lockstep, so all of them decode together afterwards (with
+    # the budget the first prompt finishes first and its request can end before the last prefill)
+    scheduler = SchedulerConfig(max_step_tokens=1 << 30, prefill_share=None)
+    engine_ = Engine(model, tok, EngineConfig(scheduler, cache_pool=engine == "pool"))
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
     before = status_kb("VmRSS")
@@ -52,13 +55,15 @@ def child(engine: str, context: int, rows: int, steps: int, threads: int) -> dic
         held = status_kb("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
+        decoding = engine_.scheduler.num_running
         for _ in range(steps):
             engine_.step()
     cfg_ = model.config
     n_attn = sum(t == "full_attention" for t in cfg_.layer_types)
     kv_bytes = rows * (context + 8) * n_attn * 2 * cfg_.num_key_value_heads * cfg_.head_dim * 4
     return dict(engine=engine, prefill_peak_mb=prefill_peak / 1024, held_mb=(held - before) / 1024,
-                decode_peak_mb=(status_kb("VmHWM") - before) / 1024, kv_mb=kv_bytes / 2**20)
+                decode_peak_mb=(status_kb("VmHWM") - before) / 1024, kv_mb=kv_bytes / 2**20,
+                decoding=decoding)
 
 
 def main() -> None:
@@ -79,11 +84,11 @@ def main() -> None:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
     print(f"context {args.context}, {args.rows} rows, {args.steps} decode steps, {args.threads} thread(s)")
-    print("| engine | KV the requests hold (MB) | RSS after prefill | peak in prefill | peak in decode "
-          "| decode peak / KV |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| engine | rows decoding | KV the requests hold (MB) | RSS after prefill | peak in prefill "
+          "| peak in decode | decode peak / KV |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['engine']} | {r['kv_mb']:.0f} | {r['held_mb']:.0f} | {r['prefill_peak_mb']:.0f} "
+        print(f"| {r['engine']} | {r['decoding']} | {r['kv_mb']:.0f} | {r['held_mb']:.0f} | {r['prefill_peak_mb']:.0f} "
               f"| {r['decode_peak_mb']:.0f} | {r['decode_peak_mb'] / r['kv_mb']:.2f} |")
     print("(MB of RSS above the loaded model)")
     print(f"pool / twin decode peak: {results[0]['decode_peak_mb'] / results[1]['decode_peak_mb']:.2f}")
