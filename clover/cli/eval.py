@@ -1,4 +1,5 @@
-"""`clover eval`: task accuracy, tokens per forward and tokens/s, block diffusion vs AR."""
+"""`clover eval`: task accuracy, tokens per forward and tokens/s, block diffusion vs AR (and
+self-speculative decoding with `--self-spec`)."""
 
 import json
 
@@ -22,6 +23,8 @@ def register(sub) -> None:
     thinking.add_argument("--no-thinking", dest="thinking", action="store_false")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--no-ar", action="store_true", help="skip the AR baseline")
+    p.add_argument("--self-spec", action="store_true",
+                   help="also decode with lossless self-speculative decoding (its text must equal AR's)")
     p.add_argument("--field-loss", action="store_true",
                    help="also print per-field AR and block-mode loss (nats per token) on the prompts")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -50,7 +53,7 @@ def run(args) -> int:
     report = evaluate(model, tokenizer, examples, model_name=str(directory), task=args.task,
                       threshold=args.threshold, block_size=args.block_size,
                       max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar,
-                      enable_thinking=args.thinking)
+                      enable_thinking=args.thinking, with_self_spec=args.self_spec)
     print("\n".join(report_lines(report)))
     result = report.to_json()
     if args.field_loss:

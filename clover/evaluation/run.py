@@ -1,4 +1,5 @@
-"""Evaluate a model on held-out task prompts with block diffusion and with AR decoding, in one run.
+"""Evaluate a model on held-out task prompts with block diffusion and with AR decoding, in one run
+(and, when asked, with self-speculative decoding, whose text must equal AR's: C6 on real prompts).
 
 Each prompt is decoded alone (batch of one, greedy), since batch-1 latency is what block diffusion
 is for; accuracy comes from the tasks' exact-match scorers, with per-field counts where a task
@@ -21,12 +22,12 @@ from tqdm import tqdm
 
 from clover.data import Example, format_chat, get_task
 
-MODES = ("block_diffusion", "ar")
+MODES = ("block_diffusion", "ar", "self_spec")
 
 
 @dataclass
 class DecodeSummary:
-    mode: str  # "block_diffusion" or "ar"
+    mode: str  # "block_diffusion", "ar" or "self_spec"
     n: int = 0
     correct: int = 0
     new_tokens: int = 0
@@ -34,6 +35,7 @@ class DecodeSummary:
     seconds: float = 0.0
     per_task: dict[str, list[int]] = field(default_factory=dict)  # task -> [correct, n]
     per_field: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # task -> field -> [right, n]
+    texts: list[str] = field(default_factory=list, repr=False)  # each prompt's output, in order
 
     @property
     def accuracy(self) -> float:
@@ -47,8 +49,9 @@ class DecodeSummary:
     def tokens_per_second(self) -> float:
         return self.new_tokens / max(self.seconds, 1e-9)
 
-    def add(self, task: str, score: dict, tokens: int, forwards: int, seconds: float) -> None:
+    def add(self, task: str, score: dict, tokens: int, forwards: int, seconds: float, text: str = "") -> None:
         correct = bool(score["correct"])
+        self.texts.append(text)
         self.n += 1
         self.correct += correct
         self.new_tokens += tokens
@@ -79,6 +82,14 @@ class EvalReport:
     threads: int
     diffusion: DecodeSummary
     ar: DecodeSummary | None
+    self_spec: DecodeSummary | None = None
+
+    @property
+    def self_spec_same_as_ar(self) -> int | None:
+        """Prompts on which self-speculative decoding wrote exactly AR's text (C6: all of them)."""
+        if self.self_spec is None or self.ar is None:
+            return None
+        return sum(a == b for a, b in zip(self.self_spec.texts, self.ar.texts))
 
     def to_json(self) -> dict:
         d = self.diffusion
@@ -94,6 +105,13 @@ class EvalReport:
                     "ar_per_task_accuracy": self.ar.task_accuracy(),
                     "ar_per_field_accuracy": self.ar.field_accuracy(),
                     "speedup_vs_ar": d.tokens_per_second / max(self.ar.tokens_per_second, 1e-9)}
+        if self.self_spec is not None:
+            s = self.self_spec
+            out |= {"self_spec_accuracy": s.accuracy, "self_spec_tokens_per_forward": s.tokens_per_forward,
+                    "self_spec_tokens_per_second": s.tokens_per_second,
+                    "self_spec_same_as_ar": self.self_spec_same_as_ar}
+            if self.ar is not None:
+                out["self_spec_speedup_vs_ar"] = s.tokens_per_second / max(self.ar.tokens_per_second, 1e-9)
         return out
 
 
@@ -122,7 +140,7 @@ def decode_all(model, tokenizer, examples: Sequence[Example], modes: dict[str, d
         for mode in (order if i % 2 == 0 else order[::-1]):
             text, tokens, forwards, seconds = decode_one(model, tokenizer, example, mode, modes[mode],
                                                          enable_thinking)
-            summaries[mode].add(example.task, task.score(example, text), tokens, forwards, seconds)
+            summaries[mode].add(example.task, task.score(example, text), tokens, forwards, seconds, text)
         if progress is not None:
             progress(summaries)
     return summaries
@@ -132,9 +150,10 @@ def decode_all(model, tokenizer, examples: Sequence[Example], modes: dict[str, d
 def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str = "", task: str = "all",
              threshold: float | None = None, block_size: int | None = None, max_new_tokens: int = 512,
              with_ar: bool = True, enable_thinking: bool | None = None,
-             show_progress: bool = True) -> EvalReport:
-    """Decode every example with block diffusion and (optionally) AR, interleaved; score both.
-    `threshold` / `block_size` default to the checkpoint's generation config."""
+             show_progress: bool = True, with_self_spec: bool = False) -> EvalReport:
+    """Decode every example with block diffusion and (optionally) AR and self-speculative decoding
+    (drafts of `block_size`), interleaved; score each. `threshold` / `block_size` default to the
+    checkpoint's generation config."""
     gen = model.generation_config
     threshold = getattr(gen, "threshold", 0.95) if threshold is None else threshold
     block_size = getattr(gen, "block_size", 32) if block_size is None else block_size
@@ -142,18 +161,20 @@ def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str =
                                  "threshold": threshold}}
     if with_ar:
         modes["ar"] = {"max_new_tokens": max_new_tokens}
+    if with_self_spec:
+        modes["self_spec"] = {"max_new_tokens": max_new_tokens, "block_size": block_size}
     bar = tqdm(total=len(examples), disable=not show_progress, unit="prompt", desc="eval",
                dynamic_ncols=True)
 
     def progress(summaries):
         bar.update(1)
-        bar.set_postfix({f"{m[:2]}_acc": f"{s.accuracy:.2f}" for m, s in summaries.items()}
+        bar.set_postfix({f"{m[:2]}_acc": f"{s.accuracy:.2f}" for m, s in summaries.items() if m != "self_spec"}
                         | {"tok/fwd": f"{summaries['block_diffusion'].tokens_per_forward:.1f}"})
 
     results = decode_all(model, tokenizer, examples, modes, enable_thinking, progress)
     bar.close()
     return EvalReport(model_name, task, threshold, block_size, torch.get_num_threads(),
-                      results["block_diffusion"], results.get("ar"))
+                      results["block_diffusion"], results.get("ar"), results.get("self_spec"))
 
 
 def report_lines(report: EvalReport) -> list[str]:
@@ -161,11 +182,15 @@ def report_lines(report: EvalReport) -> list[str]:
     lines = [f"model {report.model}  task {report.task}  n={d.n}  block {report.block_size}  "
              f"threshold {report.threshold}  threads {report.threads}  (modes interleaved per prompt)"]
     lines.append(f"{'mode':<16}{'accuracy':>9}{'tok/fwd':>9}{'tok/s':>9}")
-    for s in (d, a):
+    for s in (d, a, report.self_spec):
         if s is not None:
             lines.append(f"{s.mode:<16}{s.accuracy:>9.3f}{s.tokens_per_forward:>9.2f}{s.tokens_per_second:>9.1f}")
     if a is not None:
         lines.append(f"block diffusion / AR tokens/s: {d.tokens_per_second / max(a.tokens_per_second, 1e-9):.2f}x")
+        if report.self_spec is not None:
+            s = report.self_spec
+            lines.append(f"self-spec / AR tokens/s: {s.tokens_per_second / max(a.tokens_per_second, 1e-9):.2f}x; "
+                         f"text equal to AR's on {report.self_spec_same_as_ar}/{s.n} prompts")
     lines.append(f"{'task / field':<22}{'diffusion':>10}" + (f"{'AR':>10}" if a else ""))
     for t, (c, n) in sorted(d.per_task.items()):
         ar_col = f"{a.task_accuracy()[t]:>10.3f}" if a else ""

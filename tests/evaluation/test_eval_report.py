@@ -35,6 +35,20 @@ def test_evaluate_counts_both_modes(model, tokenizer):
     assert any("block diffusion / AR" in line for line in report_lines(report))
 
 
+def test_self_spec_writes_ar_text_on_every_prompt(model, tokenizer):
+    """C6 through `clover eval`: self-speculative decoding's outputs equal AR's, prompt by prompt,
+    and the report says so; a changed output would be counted."""
+    examples = eval_examples(2, seed=0, tasks=[get_task("joint"), get_task("record")])
+    report = evaluate(model, tokenizer, examples, max_new_tokens=16, block_size=8, threshold=0.9,
+                      show_progress=False, with_self_spec=True)
+    s, a = report.self_spec, report.ar
+    assert s.n == 4 and s.texts == a.texts and all(a.texts) and s.correct == a.correct
+    assert report.self_spec_same_as_ar == 4 and report.to_json()["self_spec_same_as_ar"] == 4
+    assert any("text equal to AR's on 4/4" in line for line in report_lines(report))
+    s.texts[0] += "x"
+    assert report.self_spec_same_as_ar == 3
+
+
 def test_eval_cli_json_last_line(model, tokenizer, tmp_path, capsys):
     from clover.cli.main import main
 
