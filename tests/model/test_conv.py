@@ -58,14 +58,18 @@ def test_block_conv_with_zero_right_branch_is_the_causal_conv():
     whole = causal_conv(torch.cat((prefix, block), -1), zero_context, w)
     context = prefix[..., -(K - 1):]
     out = block_conv(block, context, w, torch.zeros(C, K))
-    torch.testing.assert_close(out, causal_conv(block, context, w), rtol=0, atol=0)
+    torch.testing.assert_close(out, causal_conv(block, context, w), rtol=0, atol=ATOL)
     torch.testing.assert_close(out, whole[..., -5:], rtol=0, atol=ATOL)
 
 
 def test_block_conv_adds_the_right_branch():
-    x, context, w_left, w_right = inputs(8, seed=3)
-    expected = loop_causal(x, context, w_left) + loop_right(x, w_right)
-    torch.testing.assert_close(block_conv(x, context, w_left, w_right), expected, rtol=0, atol=ATOL)
+    for length in (1, 3, 8, 32):
+        x, context, w_left, w_right = inputs(length, seed=3)
+        expected = loop_causal(x, context, w_left) + loop_right(x, w_right)
+        out = block_conv(x, context, w_left, w_right)
+        torch.testing.assert_close(out, expected, rtol=0, atol=ATOL)
+        twin = causal_conv(x, context, w_left) + right_conv(x, w_right)  # the two-call form
+        torch.testing.assert_close(out, twin, rtol=0, atol=ATOL)
 
 
 def test_right_branch_sees_only_later_positions_inside_the_block():
