@@ -36,16 +36,46 @@ def mid_model(config: dict, dtype, device="cpu", head_scale: float | None = None
     return model.to(device=device, dtype=dtype)
 
 
-def embedded_engine_inputs(max_new_tokens: int):
-    """(model, tokenizer, request config) of the embedded model in fp32 for the engine benchmarks:
-    greedy defaults of the checkpoint, `max_new_tokens` per request, no EOS (every request runs
-    its whole budget)."""
+# a small random Clover for the serving benchmarks when no trained model fits (hidden 256, 4 layers)
+RANDOM_CONFIG = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32,
+                     linear_value_head_dim=32, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256,
+                     shared_expert_intermediate_size=256, max_position_embeddings=4096)
+
+
+def random_checkpoint(directory: Path, head_scale: float, **config) -> Path:
+    """Save a random Clover of RANDOM_CONFIG (`config` overrides) with a task tokenizer to
+    `directory`; its lm_head is scaled by `head_scale`, so its distributions are peaked and a block
+    fills in few steps."""
+    import torch
+
+    from clover.data import save_tokenizer, train_task_tokenizer
+    from clover.model import CloverMoeConfig, CloverMoeForCausalLM
+
+    tok = train_task_tokenizer(vocab_size=1000, n_examples=400)
+    torch.manual_seed(0)
+    model = CloverMoeForCausalLM(CloverMoeConfig(vocab_size=len(tok), mask_token_id=tok.mask_token_id,
+                                                 **(RANDOM_CONFIG | config))).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "conv_right_weight" in name:
+                p.normal_(0.0, 0.02)
+        model.lm_head.weight.mul_(head_scale)
+    model.save_pretrained(directory)
+    save_tokenizer(tok, directory)
+    return directory
+
+
+def embedded_engine_inputs(max_new_tokens: int, model_dir=None):
+    """(model, tokenizer, request config) of the embedded model (or the checkpoint at `model_dir`)
+    in fp32 for the engine benchmarks: greedy defaults of the checkpoint, `max_new_tokens` per
+    request, no EOS (every request runs its whole budget)."""
     import clover
     from clover.loading import LoadOptions, load_model_and_tokenizer
     from clover.serving.admission import request_config
     from clover.serving.runtime import server_defaults
 
-    model, tok = load_model_and_tokenizer(clover.default_model_dir(), LoadOptions(device="cpu", dtype="fp32"))
+    model, tok = load_model_and_tokenizer(model_dir or clover.default_model_dir(), LoadOptions(device="cpu", dtype="fp32"))
     cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=max_new_tokens, eos_token_id=[]),
                          model.config.vocab_size)
     return model, tok, cfg

@@ -1,6 +1,7 @@
 """Prefix cache and step token budget on the serving engine (embedded model, CPU, in process).
 
 Reproduce:  OMP_NUM_THREADS=1 python benchmarks/engine_features.py [--system 2048 --long 8192]
+            ... --random-model   (a small random Clover with a peaked head instead of the embedded model)
 
 * Prefix cache: time to first block of a request sharing a `--system`-token prefix with an earlier
   one, against the same request on a cold cache (ratio; goal <= 0.3): chat prompts (a system
@@ -13,12 +14,14 @@ Reproduce:  OMP_NUM_THREADS=1 python benchmarks/engine_features.py [--system 204
 import argparse
 import os
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
-from common import embedded_engine_inputs  # noqa: E402
+from common import embedded_engine_inputs, random_checkpoint  # noqa: E402
 
 
 def make_engine(model, tok, **scheduler):
@@ -89,9 +92,16 @@ def main() -> None:
     p.add_argument("--short", type=int, default=8, help="short requests during the long prefill")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--settings", type=int, default=5, help="run the first N head-of-line settings")
+    p.add_argument("--random-model", action="store_true",
+                   help="a small random Clover with a peaked head (its blocks fill in a step or two) instead "
+                        "of the embedded model, whose first block at a 2K-token context takes ~30 steps")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    model, tok, cfg = embedded_engine_inputs(32)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = None
+        if args.random_model:
+            model_dir = random_checkpoint(Path(tmp) / "random", 60.0, max_position_embeddings=args.long + 4096)
+        model, tok, cfg = embedded_engine_inputs(32, model_dir)
     g = torch.Generator().manual_seed(0)
     words = lambda n: torch.randint(10, model.config.vocab_size - 10, (n,), generator=g).tolist()  # noqa: E731
     words_ok = lambda ids: [t if t != model.config.mask_token_id else t + 1 for t in ids]  # noqa: E731

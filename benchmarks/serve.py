@@ -38,32 +38,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import write_section  # noqa: E402
-
-RANDOM_CONFIG = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32,
-                     linear_value_head_dim=32, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256,
-                     shared_expert_intermediate_size=256, max_position_embeddings=4096)
-
-
-def random_checkpoint(directory: Path, head_scale: float) -> Path:
-    import torch
-
-    from clover.data import save_tokenizer, train_task_tokenizer
-    from clover.model import CloverMoeConfig, CloverMoeForCausalLM
-
-    tok = train_task_tokenizer(vocab_size=1000, n_examples=400)
-    torch.manual_seed(0)
-    config = CloverMoeConfig(vocab_size=len(tok), mask_token_id=tok.mask_token_id, **RANDOM_CONFIG)
-    model = CloverMoeForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "conv_right_weight" in name:
-                p.normal_(0.0, 0.02)
-        model.lm_head.weight.mul_(head_scale)
-    model.save_pretrained(directory)
-    save_tokenizer(tok, directory)
-    return directory
+from common import random_checkpoint, write_section  # noqa: E402
 
 
 def resolve_model(args, tmp: Path) -> tuple[Path, str]:
