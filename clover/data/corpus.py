@@ -49,17 +49,21 @@ def eval_examples(
     return [t.generate(seed * SEED_STRIDE + i, "eval") for t in tasks for i in range(n_per_task)]
 
 
+EMPTY_THINK = "<think>\n\n</think>\n\n"  # what a template writes after the generation prompt, thinking off
+
+
 def format_chat(
     tokenizer: PreTrainedTokenizerBase, example: Example, enable_thinking: bool | None = False
 ) -> ChatText:
     """Render ``example`` as one user turn plus the assistant generation prompt.
 
     With ``enable_thinking=False`` the template itself closes an empty think block, and
-    the answer is ``example.answer + "<|im_end|>"``. With ``enable_thinking=True`` (or unset)
-    the model must open ``<think>`` itself: the answer is the example's reasoning in a think
-    block, as the template renders an assistant's ``reasoning_content``, then the answer:
+    the answer is ``example.answer + "<|im_end|>"``. With ``enable_thinking=True`` the model
+    must open ``<think>`` itself: the answer is the example's reasoning in a think block, as the
+    template renders an assistant's ``reasoning_content``, then the answer:
     ``"<think>\\n" + reasoning + "\\n</think>\\n\\n" + answer + "<|im_end|>"`` (an empty
-    reasoning gives the empty think block).
+    reasoning gives the empty think block). Unset (None) is the template's default, read from the
+    rendered prompt: thinking unless it ends with the closed empty think block.
     """
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": example.prompt}],
@@ -67,7 +71,7 @@ def format_chat(
         add_generation_prompt=True,
         enable_thinking=enable_thinking,
     )
-    thinking = enable_thinking is not False  # None: the template's default, thinking on
+    thinking = not prompt.endswith(EMPTY_THINK) if enable_thinking is None else enable_thinking
     think = f"<think>\n{example.reasoning}\n</think>\n\n" if thinking else ""
     answer = think + example.answer + IM_END
     return ChatText(prompt, answer)

@@ -83,6 +83,7 @@ class EvalReport:
     diffusion: DecodeSummary
     ar: DecodeSummary | None
     self_spec: DecodeSummary | None = None
+    thinking: bool | None = None  # whether the prompts were in thinking mode (None: no prompts)
 
     @property
     def self_spec_same_as_ar(self) -> int | None:
@@ -94,7 +95,7 @@ class EvalReport:
     def to_json(self) -> dict:
         d = self.diffusion
         out = {
-            "model": self.model, "task": self.task, "n": d.n, "threads": self.threads,
+            "model": self.model, "task": self.task, "n": d.n, "threads": self.threads, "thinking": self.thinking,
             "threshold": self.threshold, "block_size": self.block_size,
             "accuracy": d.accuracy, "tokens_per_forward": d.tokens_per_forward,
             "tokens_per_second": d.tokens_per_second,
@@ -173,14 +174,16 @@ def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str =
 
     results = decode_all(model, tokenizer, examples, modes, enable_thinking, progress)
     bar.close()
+    thinking = format_chat(tokenizer, examples[0], enable_thinking).answer.startswith("<think>") if examples else None
     return EvalReport(model_name, task, threshold, block_size, torch.get_num_threads(),
-                      results["block_diffusion"], results.get("ar"), results.get("self_spec"))
+                      results["block_diffusion"], results.get("ar"), results.get("self_spec"), thinking)
 
 
 def report_lines(report: EvalReport) -> list[str]:
     d, a = report.diffusion, report.ar
     lines = [f"model {report.model}  task {report.task}  n={d.n}  block {report.block_size}  "
-             f"threshold {report.threshold}  threads {report.threads}  (modes interleaved per prompt)"]
+             f"threshold {report.threshold}  thinking {'on' if report.thinking else 'off'}  "
+             f"threads {report.threads}  (modes interleaved per prompt)"]
     lines.append(f"{'mode':<16}{'accuracy':>9}{'tok/fwd':>9}{'tok/s':>9}")
     for s in (d, a, report.self_spec):
         if s is not None:

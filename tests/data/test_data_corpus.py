@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import pytest
@@ -53,6 +54,19 @@ def test_format_chat_with_thinking(tok):
     chat = format_chat(tok, ex, enable_thinking=True)
     assert chat.prompt.endswith("<|im_start|>assistant\n")
     assert chat.answer == f"<think>\n{ex.reasoning}\n</think>\n\n" + ex.answer + "<|im_end|>"
+
+
+def test_format_chat_unset_thinking_follows_the_template(tok):
+    """None is the template's default, read from the prompt it renders: this template thinks by
+    default; one that closes the think block by default gives a direct answer."""
+    ex = training_examples(1, seed=0)[0]
+    assert format_chat(tok, ex, enable_thinking=None) == format_chat(tok, ex, enable_thinking=True)
+    off_by_default = copy.deepcopy(tok)
+    off_by_default.chat_template = tok.chat_template.replace(
+        "enable_thinking is defined and enable_thinking is false", "not (enable_thinking is defined and enable_thinking)")
+    assert off_by_default.chat_template != tok.chat_template
+    assert format_chat(off_by_default, ex, enable_thinking=None) == format_chat(tok, ex, enable_thinking=False)
+    assert format_chat(off_by_default, ex, enable_thinking=True) == format_chat(tok, ex, enable_thinking=True)
 
 
 @pytest.mark.parametrize("task", ["airspace", "joint"])

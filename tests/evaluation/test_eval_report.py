@@ -31,6 +31,10 @@ def test_evaluate_counts_both_modes(model, tokenizer):
     for key in ("model", "task", "n", "accuracy", "tokens_per_forward", "tokens_per_second",
                 "ar_accuracy", "ar_tokens_per_second"):
         assert key in out
+    assert out["thinking"] is True and "thinking on" in report_lines(report)[0]  # the template's default
+    off = evaluate(model, tokenizer, examples[:1], max_new_tokens=4, block_size=8, show_progress=False,
+                   enable_thinking=False, with_ar=False)
+    assert off.thinking is False and "thinking off" in report_lines(off)[0]
     json.dumps(out)
     assert any("block diffusion / AR" in line for line in report_lines(report))
 
