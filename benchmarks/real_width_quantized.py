@@ -34,7 +34,7 @@ from clover.model import CloverMoeConfig, CloverMoeForCausalLM  # noqa: E402
 from clover.model.quantized import KERNELS_ENV, QuantizedWeight, kernels_enabled  # noqa: E402
 from clover.quantization import layer_errors, quantize_model, quantized_bytes  # noqa: E402
 
-GROUP = 128
+GROUP = 128  # the default; --group-size changes it
 STEPS = ("AR decode step", "block, 32 masks, coreset", "block, 32 masks, no coreset")
 
 
@@ -56,10 +56,10 @@ def build_bf16(layer_types: list[str]) -> CloverMoeForCausalLM:
     return model
 
 
-def quantized_copy(model: CloverMoeForCausalLM, bits: int) -> CloverMoeForCausalLM:
+def quantized_copy(model: CloverMoeForCausalLM, bits: int, group: int) -> CloverMoeForCausalLM:
     """`model` quantized, sharing every float tensor it keeps with `model` (no second copy)."""
     shared = copy.deepcopy(model, memo={id(p): p for p in model.parameters()})
-    return quantize_model(shared, bits, GROUP)
+    return quantize_model(shared, bits, group)
 
 
 def quantized_part(model) -> tuple[int, int]:
@@ -104,12 +104,15 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--group-size", type=int, default=GROUP,
+                        help="quantization group (512 is the largest that divides every quantized width)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     path = "torch kernels" if kernels_enabled() else f"plain twin ({KERNELS_ENV}=0)"
     with torch.inference_mode():
         bf16 = build_bf16(["linear_attention", "full_attention"])
-    models = {"bf16": bf16, "int8": quantized_copy(bf16, 8), "int4": quantized_copy(bf16, 4)}
+    models = {"bf16": bf16, "int8": quantized_copy(bf16, 8, args.group_size),
+              "int4": quantized_copy(bf16, 4, args.group_size)}
     ids = torch.randint(0, 200000, (1, 64), generator=torch.Generator().manual_seed(2))
     errors = {name: layer_errors(bf16, m, ids) for name, m in models.items() if name != "bf16"}
     copy_probe, results = CopyProbe(0.25), {}
@@ -120,7 +123,7 @@ def main(argv=None) -> None:
             probe.take()
             results[name] = {k: per_kind(model, r) | {"total": r["total"][1]}
                              for k, r in measure(probe, copy_probe, cases, args.repeats, 1).items()}
-    print(f"path: {path}; threads {args.threads}; context {args.context}; group {GROUP}; CPU ms, median of "
+    print(f"path: {path}; threads {args.threads}; context {args.context}; group {args.group_size}; CPU ms, median of "
           f"{args.repeats}\n")
     print("| step | weights | GDN layer ms | ×bf16 | attention layer ms | ×bf16 | head ms | 40 layers ms, "
           "extrapolated | ×bf16 |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -139,7 +142,7 @@ def main(argv=None) -> None:
         weights, nbytes = quantized_part(model) if bits else (1, 2)
         errs = ([f"{weight_error(bf16, model):.4f}"] + [f"{e.relative:.4f}" for e in errors[name]] if bits
                 else ["–"] * 4)
-        print(f"| {name} | {nbytes / weights:.4f} | {quantized_bytes(config, bits, GROUP) / 1e9:.2f} | "
+        print(f"| {name} | {nbytes / weights:.4f} | {quantized_bytes(config, bits, args.group_size) / 1e9:.2f} | "
               + " | ".join(errs) + " |")
 
 
