@@ -92,6 +92,8 @@ def main() -> None:
     p.add_argument("--short", type=int, default=8, help="short requests during the long prefill")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--settings", type=int, default=5, help="run the first N head-of-line settings")
+    p.add_argument("--prefill-share", type=float, default=None,
+                   help="the share in the settings that have one (default: SchedulerConfig's)")
     p.add_argument("--random-model", action="store_true",
                    help="a small random Clover with a peaked head (its blocks fill in a step or two) instead "
                         "of the embedded model, whose first block at a 2K-token context takes ~30 steps")
@@ -122,13 +124,18 @@ def main() -> None:
     # head-of-line
     shorts = [(f"s{i}", words_ok(words(8))) for i in range(args.short)]
     long_req = ("long", words_ok(words(args.long)))
+    from clover.serving.scheduler import SchedulerConfig
+
     small = dict(prefill_chunk=128, max_step_tokens=128)
-    for name, settings in [("defaults (2048 / step, pieces of 512, prefill share 0.5)", {}),
+    share = SchedulerConfig.prefill_share if args.prefill_share is None else args.prefill_share
+    for name, settings in [(f"2048 / step, pieces of 512, prefill share {share:.2f}", {}),
                            ("2048 / step, no prefill share", dict(prefill_share=None)),
-                           ("128 / step, pieces of 128, prefill share 0.5", small),
+                           (f"128 / step, pieces of 128, prefill share {share:.2f}", small),
                            ("128 / step, pieces of 128, no prefill share", dict(small, prefill_share=None)),
                            ("no budget (4096 pieces)", dict(prefill_chunk=4096, max_step_tokens=1 << 30,
                                                             prefill_share=None))][:args.settings]:
+        if args.prefill_share is not None:
+            settings = {"prefill_share": args.prefill_share} | settings
         idle = drive(make_engine(model, tok, prefix_cache_mb=0, **settings), shorts, cfg,
                      submit_at=list(range(0, 2 * len(shorts), 2)))
         busy = drive(make_engine(model, tok, prefix_cache_mb=0, **settings), [long_req] + shorts, cfg,

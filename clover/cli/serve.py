@@ -36,9 +36,9 @@ def register(sub) -> None:
     p.add_argument("--step-attention-tokens", type=int, default=2048,
                    help="a prompt token at context c counts 1 + c/N against --max-step-tokens, so pieces deep "
                         "into a long prompt are shorter (0 = count tokens only)")
-    p.add_argument("--prefill-share", type=float, default=0.5,
+    p.add_argument("--prefill-share", type=float, default=1 / 3,
                    help="share of engine time a long prompt's pieces may take while other requests decode, "
-                        "in (0, 1]; 1 = no cap (default 0.5)")
+                        "in (0, 1]; 1 = no cap (default 1/3: decoding rows first)")
     p.add_argument("--prefix-cache-mb", type=float, default=256.0,
                    help="memory for cached prompt prefixes, LRU (0 = off)")
     p.add_argument("--cache-slot-tokens", type=int, default=None,

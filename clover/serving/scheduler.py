@@ -234,7 +234,7 @@ class SchedulerConfig:
     prefill_chunk: int = 512  # longest prompt piece in one forward; pieces end on its grid
     max_step_tokens: int = 2048  # prompt tokens fed per step, over all rows (at least 1)
     attention_tokens: int | None = 2048  # context at which a token's attention costs one more token
-    prefill_share: float | None = 0.5  # engine time long prompts' pieces may take while others decode (None: all)
+    prefill_share: float | None = 1 / 3  # engine time long prompts' pieces may take while others decode (None: all)
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_queue", "max_prefill_tokens", "prefill_chunk", "max_step_tokens"):
