@@ -174,3 +174,21 @@ def test_prefill_share_spaces_a_long_prompts_pieces_and_keeps_the_tokens(model, 
             assert len(pieces_while_decoding) >= 6 and any(pieces_while_decoding)
             assert all(sum(pieces_while_decoding[i:i + 3]) <= 1 for i in range(len(pieces_while_decoding) - 2))
     assert outs[None] == outs[0.5] and all(outs[None].values())
+
+
+def test_a_piece_is_cut_to_the_other_rows_step_time_from_the_measured_rate():
+    """The rate comes from the last step's pieces (prompt cost per second); a piece is cut to what
+    that rate affords in the other rows' last step time, never under MIN_TIMED_PIECE tokens."""
+    from types import SimpleNamespace
+
+    from clover.serving.scheduler import MIN_TIMED_PIECE, Scheduler
+
+    sched = Scheduler(SchedulerConfig(attention_tokens=None))
+    start = SimpleNamespace(prefilled=0)
+    assert sched._timed_piece(start, 512) == 512  # nothing measured yet
+    sched._piece_cost = 2000.0
+    sched.account(2.0, 0.5)  # 2,000 prompt tokens in 2 s beside 0.5 s of decoding rows
+    assert sched._timed_piece(start, 512) == 500 and sched._timed_piece(start, 300) == 300
+    sched._piece_cost = 0.0
+    sched.account(0.0, 0.01)  # a fast decoding step: the cut would be 10 tokens
+    assert sched._timed_piece(start, 512) == MIN_TIMED_PIECE
