@@ -108,3 +108,13 @@ def test_reasoning_off_draws_the_same_examples_with_an_empty_think_block(tok, ta
         assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta)
         assert a.reasoning and b.reasoning == ""
         assert format_chat(tok, b, enable_thinking=True).answer == "<think>\n\n</think>\n\n" + b.answer + "<|im_end|>"
+
+
+def test_clean_output_keeps_only_the_answer():
+    """The answer follows a closed think block; a think block that never closes holds no answer
+    (the server returns such a response with empty content), even if it mentions one."""
+    from clover.data.tasks.base import clean_output
+
+    assert clean_output("<think>\nx\n</think>\n\n1:yes 2:no<|im_end|>") == "1:yes 2:no"
+    assert clean_output("1:yes<|endoftext|>junk") == "1:yes"
+    assert clean_output("<think>\n1. Is Kim licensed? Kim is licensed. yes 1:yes") == ""

@@ -85,10 +85,13 @@ class Task(abc.ABC):
 
 def clean_output(output_text: str) -> str:
     """Strip what a model may emit around an answer: a leading think block, end tokens
-    and surrounding whitespace."""
+    and surrounding whitespace. A think block that never closes leaves no answer (as the server
+    returns it: everything is reasoning, the content is empty)."""
     text = output_text
     if "</think>" in text:
         text = text.split("</think>", 1)[1]
+    elif text.lstrip().startswith("<think>"):
+        return ""
     for stop in ("<|im_end|>", "<|endoftext|>"):
         text = text.split(stop, 1)[0]
     return text.strip()
