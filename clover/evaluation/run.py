@@ -49,6 +49,10 @@ class DecodeSummary:
     def tokens_per_second(self) -> float:
         return self.new_tokens / max(self.seconds, 1e-9)
 
+    def speedup_over(self, base: "DecodeSummary") -> float:
+        """Tokens/s against `base`'s (the same prompts, interleaved)."""
+        return self.tokens_per_second / max(base.tokens_per_second, 1e-9)
+
     def add(self, task: str, score: dict, tokens: int, forwards: int, seconds: float, text: str = "") -> None:
         correct = bool(score["correct"])
         self.texts.append(text)
@@ -105,14 +109,14 @@ class EvalReport:
             out |= {"ar_accuracy": self.ar.accuracy, "ar_tokens_per_second": self.ar.tokens_per_second,
                     "ar_per_task_accuracy": self.ar.task_accuracy(),
                     "ar_per_field_accuracy": self.ar.field_accuracy(),
-                    "speedup_vs_ar": d.tokens_per_second / max(self.ar.tokens_per_second, 1e-9)}
+                    "speedup_vs_ar": d.speedup_over(self.ar)}
         if self.self_spec is not None:
             s = self.self_spec
             out |= {"self_spec_accuracy": s.accuracy, "self_spec_tokens_per_forward": s.tokens_per_forward,
                     "self_spec_tokens_per_second": s.tokens_per_second,
                     "self_spec_same_as_ar": self.self_spec_same_as_ar}
             if self.ar is not None:
-                out["self_spec_speedup_vs_ar"] = s.tokens_per_second / max(self.ar.tokens_per_second, 1e-9)
+                out["self_spec_speedup_vs_ar"] = s.speedup_over(self.ar)
         return out
 
 
@@ -189,10 +193,10 @@ def report_lines(report: EvalReport) -> list[str]:
         if s is not None:
             lines.append(f"{s.mode:<16}{s.accuracy:>9.3f}{s.tokens_per_forward:>9.2f}{s.tokens_per_second:>9.1f}")
     if a is not None:
-        lines.append(f"block diffusion / AR tokens/s: {d.tokens_per_second / max(a.tokens_per_second, 1e-9):.2f}x")
+        lines.append(f"block diffusion / AR tokens/s: {d.speedup_over(a):.2f}x")
         if report.self_spec is not None:
             s = report.self_spec
-            lines.append(f"self-spec / AR tokens/s: {s.tokens_per_second / max(a.tokens_per_second, 1e-9):.2f}x; "
+            lines.append(f"self-spec / AR tokens/s: {s.speedup_over(a):.2f}x; "
                          f"text equal to AR's on {report.self_spec_same_as_ar}/{s.n} prompts")
     lines.append(f"{'task / field':<22}{'diffusion':>10}" + (f"{'AR':>10}" if a else ""))
     for t, (c, n) in sorted(d.per_task.items()):

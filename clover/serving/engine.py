@@ -235,12 +235,16 @@ class Engine(CausalSteps):
         self._denoise_memo = {b: v for b, v in self._denoise_memo.items() if b in live}
         if not groups:
             return
-        started, seconds = time.perf_counter(), {True: 0.0, False: 0.0}  # long prompts' pieces or not
+        started = time.perf_counter()
+        piece_s = other_s = 0.0  # seconds in long prompts' pieces (CHUNK forwards), in everything else
         for group in groups:
             t = time.perf_counter()
             self._run_group_isolated(group)
-            seconds[group.phase is Phase.CHUNK] += time.perf_counter() - t
-        self.scheduler.account(seconds[True], seconds[False])
+            if group.phase is Phase.CHUNK:
+                piece_s += time.perf_counter() - t
+            else:
+                other_s += time.perf_counter() - t
+        self.scheduler.account(piece_s, other_s)
         self.metrics.step_time.observe(time.perf_counter() - started)
 
     def _run_group_isolated(self, group: Group) -> None:
