@@ -4,7 +4,8 @@
       "name": "embedded",
       "output_dir": "runs/embedded",
       "device": "cpu", "num_threads": 2,
-      "model": {"config": {<CloverMoeConfig fields>}} | {"init": "path/to/clover-checkpoint"},
+      "model": {"config": {<CloverMoeConfig fields>}} | {"init": "path/to/clover-checkpoint",
+                                                          "grow_after": [<layer indices>]},
       "tokenizer": {"train": true, "vocab_size": 3000, "n_examples": 3000, "seed": 0} | {"path": "dir"},
       "data": {"source": "tasks", "tasks": ["airspace", "joint", "record"], "n_train": 20000,
                "seed": 0, "n_eval_per_task": 16, ...},
@@ -37,10 +38,13 @@ class ModelRecipe:
     config: dict[str, Any] = field(default_factory=dict)  # fresh model: CloverMoeConfig fields
     init: str | None = None  # or start from this Clover checkpoint
     preset: str | None = None  # or a built-in config (`clover info --preset`), `config` overriding it
+    grow_after: tuple[int, ...] = ()  # with `init`: insert a residual-silent copy after these layers (grow.py)
 
     def __post_init__(self):
         if not self.config and self.init is None and self.preset is None:
             raise ValueError("recipe.model needs `config` (a fresh model), `preset` or `init` (a checkpoint)")
+        if self.grow_after and self.init is None:
+            raise ValueError(f"recipe.model.grow_after={list(self.grow_after)} needs `init` (a trained model to grow)")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class DataRecipe:
     source: str = "tasks"  # "tasks" (clover.data) or "digits" (built-in copy/reverse, no tokenizer)
     tasks: tuple[str, ...] = ()  # empty: every registered task
     task_options: dict[str, dict] = field(default_factory=dict)
+    task_weights: dict[str, int] = field(default_factory=dict)  # training share of a task (default 1 each)
     n_train: int = 20000  # training examples (visited in a new order each epoch)
     seed: int = 0
     n_eval_per_task: int = 16  # held-out examples per task (digits: in total)
@@ -73,6 +78,11 @@ class DataRecipe:
     def __post_init__(self):
         if self.source not in SOURCES:
             raise ValueError(f"recipe.data.source={self.source!r} must be one of {SOURCES}")
+        bad = {name: w for name, w in self.task_weights.items()
+               if w < 1 or (self.tasks and name not in self.tasks)}
+        if bad:
+            raise ValueError(f"recipe.data.task_weights={bad}: each must be a positive integer for one of "
+                             f"recipe.data.tasks {list(self.tasks) or '(all)'}")
         if not 0.0 <= self.thinking_fraction <= 1.0:
             raise ValueError(f"recipe.data.thinking_fraction={self.thinking_fraction} must be in [0, 1]")
 

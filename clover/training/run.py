@@ -17,10 +17,11 @@ from .distributed import DistInfo, barrier, device_for, init_distributed, shutdo
 from .evaluation import combine, loss_evaluator, task_evaluator
 from .export import export_checkpoint
 from .fit import fit_steps, measure_step_seconds
+from .grow import grow_layers, grown_config
 from .recipe import Recipe, save_recipe
 from .sharding import full_state_dict, is_sharded
 from .sources import (DIGIT_ROLES, DIGIT_VOCAB, DigitTask, TokenRoles, build_tasks, encode_examples,
-                      task_eval_examples, task_train_pairs, tokenizer_roles)
+                      task_eval_examples, task_train_pairs, tokenizer_roles, weighted_tasks)
 from .trainer import Trainer, TrainSummary
 
 
@@ -79,7 +80,7 @@ def plan_config(recipe: Recipe):
     from clover.model import CloverMoeConfig
 
     if recipe.model.init:
-        return config_from_dir(recipe.model.init)
+        return grown_config(config_from_dir(recipe.model.init), recipe.model.grow_after)
     fields = {**preset_fields(recipe.model.preset), **recipe.model.config}
     if recipe.data.source == "digits":
         fields.setdefault("vocab_size", len(DIGIT_VOCAB))
@@ -109,7 +110,7 @@ def fresh_model(recipe: Recipe, roles: TokenRoles, vocab_size: int):
 def build_model(recipe: Recipe, tokenizer):
     """(model, token roles): the `init` checkpoint (its mask id wins) or a fresh model."""
     if recipe.model.init:
-        model = load_init_model(recipe.model.init)
+        model = grow_layers(load_init_model(recipe.model.init), recipe.model.grow_after)
         mask_id = model.config.mask_token_id
         if tokenizer is None:
             return model, dataclasses.replace(DIGIT_ROLES, mask_id=mask_id)
@@ -130,8 +131,8 @@ def build_data(recipe: Recipe, tokenizer, roles: TokenRoles, model):
         return dataset, loss_evaluator(held_out, spec, cfg.alpha, cfg.eps, data.eval_batch_size,
                                        cfg.use_coreset)
     tasks = build_tasks(data.tasks, data.task_options)
-    pairs = task_train_pairs(tokenizer, tasks, data.n_train, data.seed, data.enable_thinking,
-                             data.thinking_fraction)
+    pairs = task_train_pairs(tokenizer, weighted_tasks(tasks, data.task_weights), data.n_train, data.seed,
+                             data.enable_thinking, data.thinking_fraction)
     pairs = [p for p in pairs if _fits(p, data)]
     dataset = PairDataset(pairs, spec, cfg.batch_size, cfg.seed, group_by_length=data.group_by_length)
     examples = task_eval_examples(tasks, data.n_eval_per_task, data.seed)

@@ -73,6 +73,12 @@ def build_tasks(names=(), options: dict | None = None) -> list:
     return [get_task(name, **options.get(name, {})) for name in (names or list(EVAL_TASKS))]
 
 
+def weighted_tasks(tasks, weights: dict[str, int]) -> list:
+    """The round-robin cycle of the training mixture: each task `weights.get(name, 1)` times in a row
+    (so a task of weight 2 gives twice as many examples as one of weight 1)."""
+    return [task for task in tasks for _ in range(weights.get(task.name, 1))]
+
+
 def encode_examples(tokenizer, examples, enable_thinking: bool | list[bool] = False) -> list[Pair]:
     """Chat-format each example (user turn + generation prompt; answer + <|im_end|>) and tokenize.
     `enable_thinking` is one mode for all examples or one per example."""

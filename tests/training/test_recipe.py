@@ -27,10 +27,23 @@ def test_minimal_recipe_and_defaults():
     ({"model": {}}, "needs `config`"),
     ({"data": {"source": "web"}}, "source='web'"),
     ({"train": {"steps": 2, "batch_size": 2, "block_size": 4, "dtype": "fp8"}}, "dtype='fp8'"),
+    ({"model": {"config": {"hidden_size": 32}, "grow_after": [1]}}, r"grow_after=\[1\] needs `init`"),
+    ({"data": {"tasks": ["joint"], "task_weights": {"record": 2}}}, r"task_weights=\{'record': 2\}"),
+    ({"data": {"task_weights": {"joint": 0}}}, r"task_weights=\{'joint': 0\}"),
 ])
 def test_bad_recipes_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
         recipe_from_dict({**MINIMAL, **change})
+
+
+def test_task_weights_repeat_a_task_in_the_mixture_cycle():
+    from clover.data.corpus import training_examples
+    from clover.training.sources import build_tasks, weighted_tasks
+
+    tasks = weighted_tasks(build_tasks(["record", "joint"]), {"joint": 3})
+    assert [t.name for t in tasks] == ["record", "joint", "joint", "joint"]
+    names = [e.task for e in training_examples(400, seed=0, tasks=tasks)]
+    assert names.count("joint") == 300 and len({e.prompt for e in training_examples(400, 0, tasks)}) == 400
 
 
 def test_yaml_and_json_load_the_same(tmp_path):
