@@ -83,3 +83,23 @@ def test_embedded_stage_three_continues_stage_two():
     stage4 = load_recipe(ROOT / "recipes" / "embedded_polish_cpu.json")
     assert stage4.model.init == f"{stage3.output_dir}/final" and stage4.device == "cpu"
     assert stage4.data.seed not in (stage2.data.seed, stage3.data.seed)
+
+
+def test_embedded_stage_seven_grows_stage_six_within_the_size_limit():
+    import torch
+
+    from clover.model import CloverMoeConfig, CloverMoeForCausalLM
+    from clover.training.grow import grown_config
+
+    stage1 = load_recipe(ROOT / "recipes" / "embedded_ar.json")  # stages 2-6 keep its architecture
+    stage6 = load_recipe(ROOT / "recipes" / "embedded_reason2_cpu.json")
+    stage7 = load_recipe(ROOT / "recipes" / "embedded_grow_cpu.json")
+    assert stage7.model.init == f"{stage6.output_dir}/final"
+    assert stage7.data.seed != stage6.data.seed and stage7.data.tasks == stage6.data.tasks
+    config = grown_config(CloverMoeConfig(**{**stage1.model.config, "vocab_size": 743,  # its tokenizer's
+                                         "mask_token_id": 7}),
+                          stage7.model.grow_after)
+    assert config.num_hidden_layers == 6 and config.layer_types.count("full_attention") == 4
+    with torch.device("meta"):
+        params = sum(p.numel() for p in CloverMoeForCausalLM(config).parameters())
+    assert params * 4 <= 25e6  # fp32 bytes: the package limit
