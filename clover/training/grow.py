@@ -48,7 +48,7 @@ def grown_config(config, after: Sequence[int]):
 @torch.no_grad()
 def grow_layers(model, after: Sequence[int]):
     """A new model: `model` with a residual-silent copy of each layer in `after` inserted after it
-    (same dtype and device; `model` itself is left as it was)."""
+    (same dtype and device; `model` itself is left as it was, and returned when `after` is empty)."""
     if not after:
         return model
     sources = layer_sources(model.config.num_hidden_layers, after)
