@@ -43,6 +43,7 @@ def embedded_rows(limit: int) -> list[str]:
     rows = ["| weights | bytes | bytes/param (quantized part) | logits rel. err | max layer rel. err | "
             "accuracy | tokens/forward |", "|---|---:|---:|---:|---:|---:|---:|"]
     base = weight_bytes(fp32)
+    accuracy = {}
     for bits in (None, 8, 4):
         model = fp32 if bits is None else quantize_model(copy.deepcopy(fp32), bits, EMBEDDED_GROUP)
         errors = layer_errors(fp32, model, ids) if bits else []
@@ -56,7 +57,11 @@ def embedded_rows(limit: int) -> list[str]:
                     f"{per_param} | {err} | {worst} | {d.accuracy:.3f} ({d.correct}/{d.n}) | "
                     f"{d.new_tokens / max(d.forwards, 1):.2f} |")
         print(rows[-1], flush=True)
-    return rows
+        accuracy[bits] = d.accuracy
+    drops = ", ".join(f"INT{bits} {100 * (accuracy[None] - accuracy[bits]):+.1f}" for bits in (8, 4))
+    return rows + ["", f"Drop in accuracy, fp32 minus quantized, in points (issue 9's bounds: INT8 ≤ 1, INT4 ≤ 3;"
+                       f" negative: the quantized model scored higher): {drops} (held-out prompts of seed 0,"
+                       f" the chat template's default thinking mode)."]
 
 
 def median_ms(fn, runs: int = 7, warmup: int = 2) -> float:
@@ -95,7 +100,11 @@ def speed_rows() -> list[str]:
         rows.append(f"| {'fp32' if bits is None else f'int{bits}, group 128'} | {weight_bytes(model) / 1e6:.1f} | "
                     f"{decode:.1f} | {decode / base['decode']:.2f} | {block_ms:.1f} | {block_ms / base['block']:.2f} | {err} |")
         print(rows[-1], flush=True)
-    return rows
+        accuracy[bits] = d.accuracy
+    drops = ", ".join(f"INT{bits} {100 * (accuracy[None] - accuracy[bits]):+.1f}" for bits in (8, 4))
+    return rows + ["", f"Drop in accuracy, fp32 minus quantized, in points (issue 9's bounds: INT8 ≤ 1, INT4 ≤ 3;"
+                       f" negative: the quantized model scored higher): {drops} (held-out prompts of seed 0,"
+                       f" the chat template's default thinking mode)."]
 
 
 def real_width_part(path: Path) -> list[str]:
@@ -127,10 +136,16 @@ def main(argv=None) -> None:
             " 4 rows per call); the weights are laid out for them once, at quantize or load time, and"
             " `state_dict` still writes the stored format. The plain twin (dequantize, then the float matmul)"
             " serves everything else: fp32 models (the kernels are 15-30× slower in fp32; the tables below"
-            " are fp32, so they measure the twin), CUDA, shapes the kernels refuse, and `CLOVER_QUANT_KERNELS=0`.",
+            " are fp32, so they measure the twin), CUDA, shapes the kernels refuse, and `CLOVER_QUANT_KERNELS=0`."
+            " torchao is not used: on CPU its int4 weight-only layout calls the same int4pack kernels and its int8"
+            " weight-only path dequantizes, so it would add a dependency without a faster kernel.",
+            "",
+            "**CUDA (untested here, no GPU):** the twin runs there — dequantize to bf16, then the cuBLAS matmul;"
+            " nothing is packed off the CPU, and a CPU-packed model moved to CUDA unpacks each weight on its first"
+            " call. torch's CUDA int4 kernel (`_weight_int4pack_mm`, same scales-and-zeros convention) is not wired in.",
             "",
             f"Reproduce: `python benchmarks/quantization.py --limit {args.limit} --write` (CPU, fp32 activations,"
-            f" {torch.get_num_threads()} threads, on the shared 2-core dev box).",
+            f" threads: {torch.get_num_threads()}, on the shared 2-core dev box).",
             "",
             f"### Embedded model (clover-tiny, greedy block diffusion, {3 * args.limit} held-out prompts)",
             "",
@@ -147,8 +162,7 @@ def main(argv=None) -> None:
             "",
             "Reading: the small config has default-init random weights and an untrained router, so small"
             " weight errors flip expert choices: its logit errors overstate what a trained model sees (compare"
-            " the embedded model). On CUDA the plain twin runs (dequantize the experts a call hits, then the"
-            " bf16 matmul): untested here, no GPU.",
+            " the embedded model).",
         ]
         path = Path(__file__).parents[1] / "BENCHMARKS.md"
         write_section(path, "Quantization (INT8 / INT4 weights)", lines + real_width_part(path))
