@@ -100,11 +100,7 @@ def speed_rows() -> list[str]:
         rows.append(f"| {'fp32' if bits is None else f'int{bits}, group 128'} | {weight_bytes(model) / 1e6:.1f} | "
                     f"{decode:.1f} | {decode / base['decode']:.2f} | {block_ms:.1f} | {block_ms / base['block']:.2f} | {err} |")
         print(rows[-1], flush=True)
-        accuracy[bits] = d.accuracy
-    drops = ", ".join(f"INT{bits} {100 * (accuracy[None] - accuracy[bits]):+.1f}" for bits in (8, 4))
-    return rows + ["", f"Drop in accuracy, fp32 minus quantized, in points (issue 9's bounds: INT8 ≤ 1, INT4 ≤ 3;"
-                       f" negative: the quantized model scored higher): {drops} (held-out prompts of seed 0,"
-                       f" the chat template's default thinking mode)."]
+    return rows
 
 
 def real_width_part(path: Path) -> list[str]:

@@ -240,10 +240,11 @@ class Engine(CausalSteps):
         for group in groups:
             t = time.perf_counter()
             self._run_group_isolated(group)
+            elapsed = time.perf_counter() - t
             if group.phase is Phase.CHUNK:
-                piece_s += time.perf_counter() - t
+                piece_s += elapsed
             else:
-                other_s += time.perf_counter() - t
+                other_s += elapsed
         self.scheduler.account(piece_s, other_s)
         self.metrics.step_time.observe(time.perf_counter() - started)
 
