@@ -111,11 +111,10 @@ class Experts(nn.Module):
 
     def loop_forward(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Same contract as `grouped_mm_forward`, one matmul pair per expert hit (differentiable twin)."""
-        hit = counts.nonzero().squeeze(-1)
-        outs, start = [], 0
-        for e, count in zip(hit.tolist(), counts[hit].tolist()):
-            outs.append(self._expert(e, rows[start:start + count]))
-            start += count
+        # split, not slices: under autograd each slice's backward writes a zero-filled copy of all
+        # of `rows`, where split's backward concatenates the pieces once
+        pieces = rows.split(counts.tolist())
+        outs = [self._expert(e, piece) for e, piece in enumerate(pieces) if piece.shape[0]]
         if len(outs) == 1:
             return outs[0]
         return torch.cat(outs) if outs else rows
