@@ -28,6 +28,8 @@ from typing import Any
 
 import pydantic
 
+from clover.data.tasks import EVAL_TASKS
+
 from .trainer import TrainConfig
 
 SOURCES = ("tasks", "digits")
@@ -78,11 +80,11 @@ class DataRecipe:
     def __post_init__(self):
         if self.source not in SOURCES:
             raise ValueError(f"recipe.data.source={self.source!r} must be one of {SOURCES}")
-        bad = {name: w for name, w in self.task_weights.items()
-               if w < 1 or (self.tasks and name not in self.tasks)}
+        trained = self.tasks or EVAL_TASKS  # what an empty `tasks` trains (sources.build_tasks)
+        bad = {name: w for name, w in self.task_weights.items() if w < 1 or name not in trained}
         if bad:
             raise ValueError(f"recipe.data.task_weights={bad}: each must be a positive integer for one of "
-                             f"recipe.data.tasks {list(self.tasks) or '(all)'}")
+                             f"the trained tasks {list(trained)}")
         if not 0.0 <= self.thinking_fraction <= 1.0:
             raise ValueError(f"recipe.data.thinking_fraction={self.thinking_fraction} must be in [0, 1]")
 

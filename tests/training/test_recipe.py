@@ -30,6 +30,7 @@ def test_minimal_recipe_and_defaults():
     ({"model": {"config": {"hidden_size": 32}, "grow_after": [1]}}, r"grow_after=\[1\] needs `init`"),
     ({"data": {"tasks": ["joint"], "task_weights": {"record": 2}}}, r"task_weights=\{'record': 2\}"),
     ({"data": {"task_weights": {"joint": 0}}}, r"task_weights=\{'joint': 0\}"),
+    ({"data": {"task_weights": {"jiont": 2}}}, r"task_weights=\{'jiont': 2\}.*'joint'"),  # all tasks
 ])
 def test_bad_recipes_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
