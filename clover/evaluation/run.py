@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
@@ -36,6 +36,7 @@ class DecodeSummary:
     per_task: dict[str, list[int]] = field(default_factory=dict)  # task -> [correct, n]
     per_field: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # task -> field -> [right, n]
     texts: list[str] = field(default_factory=list, repr=False)  # each prompt's output, in order
+    outcomes: list[bool] = field(default_factory=list, repr=False)  # each prompt's exact match, in order
 
     @property
     def accuracy(self) -> float:
@@ -56,6 +57,7 @@ class DecodeSummary:
     def add(self, task: str, score: dict, tokens: int, forwards: int, seconds: float, text: str = "") -> None:
         correct = bool(score["correct"])
         self.texts.append(text)
+        self.outcomes.append(correct)
         self.n += 1
         self.correct += correct
         self.new_tokens += tokens
@@ -96,6 +98,20 @@ class EvalReport:
             return None
         return sum(a == b for a, b in zip(self.self_spec.texts, self.ar.texts))
 
+    @property
+    def paired_with_ar(self) -> tuple[int, int, float] | None:
+        """Block diffusion against AR on the same prompts: (prompts only block diffusion gets right,
+        prompts only AR gets right, the standard error of the accuracy difference). The
+        difference is (first − second) / n; only these discordant prompts carry it."""
+        if self.ar is None:
+            return None
+        pairs = list(zip(self.diffusion.outcomes, self.ar.outcomes))
+        n = max(len(pairs), 1)
+        only_d = sum(d and not a for d, a in pairs)
+        only_a = sum(a and not d for d, a in pairs)
+        variance = (only_d + only_a - (only_d - only_a) ** 2 / n) / n ** 2
+        return only_d, only_a, max(variance, 0.0) ** 0.5
+
     def to_json(self) -> dict:
         d = self.diffusion
         out = {
@@ -110,6 +126,8 @@ class EvalReport:
                     "ar_per_task_accuracy": self.ar.task_accuracy(),
                     "ar_per_field_accuracy": self.ar.field_accuracy(),
                     "speedup_vs_ar": d.speedup_over(self.ar)}
+            only_d, only_a, se = self.paired_with_ar
+            out |= {"only_diffusion_correct": only_d, "only_ar_correct": only_a, "paired_difference_se": se}
         if self.self_spec is not None:
             s = self.self_spec
             out |= {"self_spec_accuracy": s.accuracy, "self_spec_tokens_per_forward": s.tokens_per_forward,
@@ -194,6 +212,9 @@ def report_lines(report: EvalReport) -> list[str]:
             lines.append(f"{s.mode:<16}{s.accuracy:>9.3f}{s.tokens_per_forward:>9.2f}{s.tokens_per_second:>9.1f}")
     if a is not None:
         lines.append(f"block diffusion / AR tokens/s: {d.speedup_over(a):.2f}x")
+        only_d, only_a, se = report.paired_with_ar
+        lines.append(f"block diffusion - AR accuracy: {d.accuracy - a.accuracy:+.3f} (standard error {se:.3f}): "
+                     f"right where AR is wrong on {only_d}, wrong where AR is right on {only_a} prompts")
         if report.self_spec is not None:
             s = report.self_spec
             lines.append(f"self-spec / AR tokens/s: {s.speedup_over(a):.2f}x; "
@@ -209,7 +230,3 @@ def report_lines(report: EvalReport) -> list[str]:
                 ar_col = f"{ar_r / ar_n:>10.3f}" if ar_n else f"{'-':>10}"
             lines.append(f"    .{f:<17}{r / total:>10.3f}{ar_col}")
     return lines
-
-
-def summary_dict(s: DecodeSummary) -> dict:
-    return asdict(s)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from clover.data import eval_examples, get_task, save_tokenizer, train_task_tokenizer
-from clover.evaluation.run import evaluate, report_lines
+from clover.evaluation.run import DecodeSummary, EvalReport, evaluate, report_lines
 from tiny import tiny_model
 
 
@@ -116,3 +116,17 @@ def test_field_losses_label_the_think_block_as_reasoning(tokenizer):
     assert all(f != "reasoning" for f in fields[answer_start:])
     yes_no = [span for span, f in zip(enc["offset_mapping"], fields) if f in ("fact", "derived")]
     assert yes_no[0][0] >= chat.answer.rindex(example.answer)
+
+
+def test_paired_comparison_counts_the_prompts_on_which_the_modes_disagree():
+    diffusion, ar = DecodeSummary("block_diffusion"), DecodeSummary("ar")
+    for d, a in [(True, True), (True, False), (False, True), (False, True), (False, False)]:
+        diffusion.add("joint", {"correct": d}, 4, 1, 0.1)
+        ar.add("joint", {"correct": a}, 4, 4, 0.4)
+    report = EvalReport("m", "joint", 0.95, 32, 1, diffusion, ar)
+    only_d, only_a, se = report.paired_with_ar
+    assert (only_d, only_a) == (1, 2)
+    assert se == pytest.approx((3 - 1 / 5) ** 0.5 / 5)  # sqrt(b + c - (b - c)^2 / n) / n
+    assert report.to_json()["only_ar_correct"] == 2
+    assert any("-0.200" in line and "wrong where AR is right on 2" in line for line in report_lines(report))
+    assert EvalReport("m", "joint", 0.95, 32, 1, diffusion, None).paired_with_ar is None
