@@ -25,6 +25,10 @@ class StepEvent:
     block_index: int  # block number (AR: token number)
     block: torch.Tensor  # [A, B] the block after this step; mask id where still masked
     filled: torch.Tensor  # [A, B] bool: positions filled by this step
+    # [A, B] block diffusion: each masked position's confidence at this step (-1 where not
+    # read), so a filled position below the threshold is the low-confidence rule's fallback;
+    # None for AR and self-speculative steps
+    confidence: torch.Tensor | None = None
 
     def filled_list(self) -> list[list[tuple[int, int]]]:
         """Per active row, the (position, token) pairs this step filled."""

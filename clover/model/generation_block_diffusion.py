@@ -23,6 +23,7 @@ from .generation_sampling import (ControlContext, apply_processors, commit_run, 
 class DenoiseResult(NamedTuple):
     block: torch.Tensor  # [A, B] after the step; mask id where still masked
     filled: torch.Tensor  # [A, B] bool: positions this step filled
+    confidence: torch.Tensor  # [A, B] each candidate position's confidence at this step (-1 elsewhere)
 
 
 @dataclass
@@ -81,10 +82,12 @@ def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, 
     new_block, filled = block.clone(), torch.zeros_like(masked)
     new_block[:, columns] = torch.where(fill, tokens, sub_block)
     filled[:, columns] = fill
+    scores = torch.full(block.shape, -1.0, device=block.device)
+    scores[:, columns] = confidence
     if constraints is not None:
         constrain_rows(logits, block, new_block, filled, batch, limit, cfg, mask_id, generator,
                        columns.tolist(), constraints)
-    return DenoiseResult(new_block, filled)
+    return DenoiseResult(new_block, filled, scores)
 
 
 def constrain_rows(logits, block, new_block, filled, batch: DecodeBatch, limit: int, cfg, mask_id: int,
@@ -184,7 +187,7 @@ def block_diffusion_steps(model, input_ids, attention_mask, cfg, processors, gen
             step = denoise_step(logits, block, batch, start, limit, cfg, processors, mask_id, generator,
                                 columns, constraints)
             block = step.block
-            yield StepEvent(list(batch.rows), k, block, step.filled)
+            yield StepEvent(list(batch.rows), k, block, step.filled, step.confidence)
             status = block_status(block, limit, mask_id, eos)
             keep = yield from settle_rows(log, batch, block, status, waiting, k, start, k == num_blocks - 1)
             if len(keep) < len(batch.rows):

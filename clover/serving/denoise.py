@@ -85,7 +85,7 @@ class RowDecoder:
              generator: torch.Generator | None) -> torch.Tensor:
         """logits [B, V], block [B] -> the block after one denoising step (positions < limit); with
         a grammar, a left-to-right run (`clover.model.generation_sampling`)."""
-        new, filled = denoise_step(logits[None], block[None], self.history, start, limit, self.cfg,
+        new, filled, _ = denoise_step(logits[None], block[None], self.history, start, limit, self.cfg,
                                    self.processors, self.mask_token_id, generator, constraints=self.constraints)
         if self.recorder is not None:
             self._record(new[0], filled[0])

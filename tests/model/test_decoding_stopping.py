@@ -31,6 +31,22 @@ def test_block_ends_at_first_eos_with_everything_before_it_filled():
     assert out.num_forward_passes == 3 and len(model.calls) == 3
 
 
+def test_step_events_carry_the_confidence_the_rule_read():
+    """Each step's confidences: the filled positions passed the threshold, or the step filled the
+    single most confident candidate (the fallback); positions already filled read -1."""
+    script = {0: (20, 0.6), 1: (21, 0.5), 2: (EOS, 0.99), 3: (22, 0.95), 4: (EOS, 0.99)}
+    events = list(stream(ScriptedModel(4, script), [[10, 11, 12, 13]], block_size=8, max_new_tokens=30))
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    confidence = [[round(c, 3) for c in e.confidence[0].tolist()] for e in steps]
+    assert confidence[0] == [0.6, 0.5, 0.99, 0.95, 0.99, 0.2, 0.2, 0.2]
+    assert confidence[1] == [0.6, 0.5, -1.0, -1.0, -1.0, 0.2, 0.2, 0.2]  # the fallback fills 0
+    assert confidence[2] == [-1.0, 0.5, -1.0, -1.0, -1.0, 0.2, 0.2, 0.2]
+    for e in steps:
+        filled, conf = e.filled[0], e.confidence[0]
+        passed = filled & (conf > SETTINGS["threshold"])
+        assert passed.any() or (filled.sum() == 1 and conf[filled].item() == conf.max().item())
+
+
 def test_eos_late_in_a_block_waits_for_the_positions_before_it():
     script = {1: (EOS, 0.99), 5: (EOS, 0.99)}  # the EOS at 1 is the first: position 0 must fill first
     model = ScriptedModel(2, script)

@@ -1,0 +1,86 @@
+"""Where block diffusion departs from AR decoding of the same checkpoint, and how sure it was.
+
+For each held-out prompt, greedy block diffusion and greedy AR; where their token sequences
+differ, the first differing token of block diffusion and the confidence at which the
+low-confidence rule committed it (from the decoding's step events). A commit at or below the
+threshold was the rule's fallback (no masked position was sure enough, so the most confident
+one was filled); one above it was a confident mistake.
+
+    python benchmarks/departures.py --limit 40 --seed 1
+
+Prints one line per departure and a table per task: prompts, departures, prompts only AR gets
+right, and how many of those departed through a fallback commit.
+"""
+
+import argparse
+from collections import Counter
+
+import torch
+
+from clover import default_model_dir
+from clover.data import eval_examples, format_chat, get_task
+from clover.loading import LoadOptions, load_model_and_tokenizer
+from clover.model.generation_batch import DoneEvent, StepEvent
+
+
+def block_diffusion_with_confidence(model, ids, threshold: float, max_new_tokens: int):
+    """(new token ids, the confidence each was committed at) for one prompt [1, T]."""
+    size = model.generation_config.block_size
+    committed: dict[int, float] = {}  # response position -> confidence when filled
+    for event in model.stream_generate(ids, mode="block_diffusion", do_sample=False, threshold=threshold,
+                                       max_new_tokens=max_new_tokens, block_size=size):
+        if isinstance(event, StepEvent):
+            for j in event.filled[0].nonzero().flatten().tolist():
+                committed[event.block_index * size + j] = event.confidence[0, j].item()
+        elif isinstance(event, DoneEvent):
+            new = event.output.sequences[0, ids.shape[1]:ids.shape[1] + event.output.rows[0].new_tokens]
+    return new.tolist(), [committed[i] for i in range(len(new))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--limit", type=int, default=40, help="prompts per task")
+    parser.add_argument("--seed", type=int, default=1, help="evaluation split seed")
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    path = args.model or default_model_dir()
+    model, tokenizer = load_model_and_tokenizer(path, LoadOptions(device="cpu", dtype="fp32"))
+    threshold = model.generation_config.threshold
+    examples = eval_examples(args.limit, seed=args.seed)
+    print(f"model {path}, {len(examples)} prompts (seed {args.seed}), threshold {threshold}, greedy\n")
+    counts: dict[str, Counter] = {}
+    with torch.inference_mode():
+        for example in examples:
+            task, c = get_task(example.task), counts.setdefault(example.task, Counter())
+            prompt, _ = format_chat(tokenizer, example)
+            ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+            bd, confidence = block_diffusion_with_confidence(model, ids, threshold, args.max_new_tokens)
+            out = model.generate(ids, mode="ar", do_sample=False, max_new_tokens=args.max_new_tokens,
+                                 return_dict_in_generate=True)
+            ar = out.sequences[0, ids.shape[1]:ids.shape[1] + out.rows[0].new_tokens].tolist()
+            bd_right = task.score(example, tokenizer.decode(bd))["correct"]
+            ar_right = task.score(example, tokenizer.decode(ar))["correct"]
+            c["prompts"] += 1
+            i = next((i for i, (b, a) in enumerate(zip(bd, ar)) if b != a), None)
+            if i is None:
+                continue
+            fallback = confidence[i] <= threshold
+            c["departures"] += 1
+            c["ar only"] += ar_right and not bd_right
+            c["ar only, by fallback"] += ar_right and not bd_right and fallback
+            c["departures by fallback"] += fallback
+            print(f"{example.task:<9} token {i:>3}: {tokenizer.decode(bd[i:i + 1])!r} for AR's "
+                  f"{tokenizer.decode(ar[i:i + 1])!r} at confidence {confidence[i]:.3f}"
+                  f"{' (fallback)' if fallback else ''}; right: block diffusion {bd_right}, AR {ar_right}")
+    keys = ("prompts", "departures", "departures by fallback", "ar only", "ar only, by fallback")
+    print("\n| task | " + " | ".join(keys) + " |\n|---|" + "---:|" * len(keys))
+    for name in (*sorted(counts), "all"):
+        c = sum(counts.values(), Counter()) if name == "all" else counts[name]
+        print(f"| {name} | " + " | ".join(str(c[k]) for k in keys) + " |")
+
+
+if __name__ == "__main__":
+    main()
