@@ -2,7 +2,8 @@
 
 For each held-out prompt, greedy block diffusion and greedy AR; where their token sequences
 differ, the first differing token of block diffusion and the confidence at which the
-low-confidence rule committed it (from the decoding's step events). A commit at or below the
+low-confidence rule committed it (from the decoding's step events), beside AR's confidence in
+its own token there. A commit at or below the
 threshold was the rule's fallback (no masked position was sure enough, so the most confident
 one was filled); one above it was a confident mistake.
 
@@ -35,6 +36,15 @@ def block_diffusion_with_confidence(model, ids, threshold: float, max_new_tokens
         elif isinstance(event, DoneEvent):
             new = event.output.sequences[0, ids.shape[1]:ids.shape[1] + event.output.rows[0].new_tokens]
     return new.tolist(), [committed[i] for i in range(len(new))]
+
+
+def ar_confidence(model, ids, ar: list[int], i: int) -> float:
+    """AR's confidence in its token `ar[i]`: the causal next-token probability after the prompt [1, T]
+    and `ar[:i]` (the mask token excluded, as in block diffusion)."""
+    context = torch.cat((ids, torch.tensor([ar[:i]], dtype=ids.dtype)), dim=1)
+    logits = model(context).logits[0, -1].float()
+    logits[model.config.mask_token_id] = float("-inf")
+    return logits.softmax(-1)[ar[i]].item()
 
 
 def main() -> None:
@@ -74,7 +84,8 @@ def main() -> None:
             c["departures by fallback"] += fallback
             print(f"{example.task:<9} token {i:>3}: {tokenizer.decode(bd[i:i + 1])!r} for AR's "
                   f"{tokenizer.decode(ar[i:i + 1])!r} at confidence {confidence[i]:.3f}"
-                  f"{' (fallback)' if fallback else ''}; right: block diffusion {bd_right}, AR {ar_right}")
+                  f"{' (fallback)' if fallback else ''} (AR's {ar_confidence(model, ids, ar, i):.3f})"
+                  f"; right: block diffusion {bd_right}, AR {ar_right}")
     keys = ("prompts", "departures", "departures by fallback", "ar only", "ar only, by fallback")
     print("\n| task | " + " | ".join(keys) + " |\n|---|" + "---:|" * len(keys))
     for name in (*sorted(counts), "all"):
