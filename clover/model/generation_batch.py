@@ -26,8 +26,8 @@ class StepEvent:
     block: torch.Tensor  # [A, B] the block after this step; mask id where still masked
     filled: torch.Tensor  # [A, B] bool: positions filled by this step
     # [A, B] block diffusion: each masked position's confidence at this step (-1 where not
-    # read), so a filled position below the threshold is the low-confidence rule's fallback;
-    # None for AR and self-speculative steps
+    # read), so a filled position below the threshold is the low-confidence rule's fallback (a
+    # grammar-constrained row fills a left-to-right run instead); None for AR and self-spec steps
     confidence: torch.Tensor | None = None
 
     def filled_list(self) -> list[list[tuple[int, int]]]:
