@@ -19,7 +19,8 @@ from collections import Counter
 import torch
 
 from clover import default_model_dir
-from clover.data import eval_examples, format_chat, get_task
+from clover.data import eval_examples, get_task
+from clover.evaluation.run import prompt_ids
 from clover.loading import LoadOptions, load_model_and_tokenizer
 from clover.model.generation_batch import DoneEvent, StepEvent
 
@@ -34,7 +35,7 @@ def block_diffusion_with_confidence(model, ids, threshold: float, max_new_tokens
             for j in event.filled[0].nonzero().flatten().tolist():
                 committed[event.block_index * size + j] = event.confidence[0, j].item()
         elif isinstance(event, DoneEvent):
-            new = event.output.sequences[0, ids.shape[1]:ids.shape[1] + event.output.rows[0].new_tokens]
+            new = event.output.response_ids(0, ids.shape[1])
     return new.tolist(), [committed[i] for i in range(len(new))]
 
 
@@ -65,12 +66,11 @@ def main() -> None:
     with torch.inference_mode():
         for example in examples:
             task, c = get_task(example.task), counts.setdefault(example.task, Counter())
-            prompt, _ = format_chat(tokenizer, example)
-            ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+            ids = prompt_ids(model, tokenizer, example)
             bd, confidence = block_diffusion_with_confidence(model, ids, threshold, args.max_new_tokens)
             out = model.generate(ids, mode="ar", do_sample=False, max_new_tokens=args.max_new_tokens,
                                  return_dict_in_generate=True)
-            ar = out.sequences[0, ids.shape[1]:ids.shape[1] + out.rows[0].new_tokens].tolist()
+            ar = out.response_ids(0, ids.shape[1]).tolist()
             bd_right = task.score(example, tokenizer.decode(bd))["correct"]
             ar_right = task.score(example, tokenizer.decode(ar))["correct"]
             c["prompts"] += 1

@@ -28,8 +28,6 @@ MODES = ("block_diffusion", "ar", "self_spec")
 @dataclass
 class DecodeSummary:
     mode: str  # "block_diffusion", "ar" or "self_spec"
-    n: int = 0
-    correct: int = 0
     new_tokens: int = 0
     forwards: int = 0  # decoding forwards (prefill chunks excluded)
     seconds: float = 0.0
@@ -37,6 +35,14 @@ class DecodeSummary:
     per_field: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # task -> field -> [right, n]
     texts: list[str] = field(default_factory=list, repr=False)  # each prompt's output, in order
     outcomes: list[bool] = field(default_factory=list, repr=False)  # each prompt's exact match, in order
+
+    @property
+    def n(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def correct(self) -> int:
+        return sum(self.outcomes)
 
     @property
     def accuracy(self) -> float:
@@ -58,8 +64,6 @@ class DecodeSummary:
         correct = bool(score["correct"])
         self.texts.append(text)
         self.outcomes.append(correct)
-        self.n += 1
-        self.correct += correct
         self.new_tokens += tokens
         self.forwards += forwards
         self.seconds += seconds
@@ -138,16 +142,20 @@ class EvalReport:
         return out
 
 
+def prompt_ids(model, tokenizer, example: Example, enable_thinking: bool | None = None) -> torch.Tensor:
+    """The example's chat-formatted prompt as token ids [1, T] on the model's device."""
+    prompt, _ = format_chat(tokenizer, example, enable_thinking=enable_thinking)
+    return tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
+
+
 def decode_one(model, tokenizer, example: Example, mode: str, settings: dict,
                enable_thinking: bool | None = None) -> tuple[str, int, int, float]:
     """(text, new tokens, decoding forwards, seconds) for one prompt, greedy, batch of one."""
-    prompt, _ = format_chat(tokenizer, example, enable_thinking=enable_thinking)
-    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
+    ids = prompt_ids(model, tokenizer, example, enable_thinking)
     start = time.perf_counter()
     out = model.generate(ids, mode=mode, do_sample=False, return_dict_in_generate=True, **settings)
     seconds = time.perf_counter() - start
-    new = out.sequences[0, ids.shape[1]:ids.shape[1] + out.rows[0].new_tokens]
-    text = tokenizer.decode(new, skip_special_tokens=False)
+    text = tokenizer.decode(out.response_ids(0, ids.shape[1]), skip_special_tokens=False)
     return text, out.rows[0].new_tokens, out.num_forward_passes - out.num_prefill_forwards, seconds
 
 

@@ -77,6 +77,10 @@ class GenerateOutput:
     def tokens_per_forward(self) -> float:
         return sum(self.new_tokens) / max(self.num_forward_passes, 1)
 
+    def response_ids(self, row: int, prompt_width: int) -> torch.Tensor:
+        """Row `row`'s new tokens [n] (after the prompt columns, before the right padding)."""
+        return self.sequences[row, prompt_width:prompt_width + self.rows[row].new_tokens]
+
 
 @dataclass
 class DoneEvent:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pydantic
 
-from clover.data.tasks import EVAL_TASKS
+from clover.data.tasks import task_names
 
 from .trainer import TrainConfig
 
@@ -80,7 +80,7 @@ class DataRecipe:
     def __post_init__(self):
         if self.source not in SOURCES:
             raise ValueError(f"recipe.data.source={self.source!r} must be one of {SOURCES}")
-        trained = self.tasks or EVAL_TASKS  # what an empty `tasks` trains (sources.build_tasks)
+        trained = task_names(self.tasks)
         bad = {name: w for name, w in self.task_weights.items() if w < 1 or name not in trained}
         if bad:
             raise ValueError(f"recipe.data.task_weights={bad}: each must be a positive integer for one of "

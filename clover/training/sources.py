@@ -67,10 +67,10 @@ def tokenizer_roles(tokenizer, mask_id: int | None = None) -> TokenRoles:
 
 def build_tasks(names=(), options: dict | None = None) -> list:
     """Task objects for `names` (all registered tasks when empty), with per-task options."""
-    from clover.data.tasks import EVAL_TASKS, get_task
+    from clover.data.tasks import get_task, task_names
 
     options = options or {}
-    return [get_task(name, **options.get(name, {})) for name in (names or list(EVAL_TASKS))]
+    return [get_task(name, **options.get(name, {})) for name in task_names(names)]
 
 
 def weighted_tasks(tasks, weights: dict[str, int]) -> list:

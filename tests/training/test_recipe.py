@@ -86,7 +86,7 @@ def test_embedded_stage_three_continues_stage_two():
     assert stage4.data.seed not in (stage2.data.seed, stage3.data.seed)
 
 
-def test_embedded_grow_probe_grows_stage_six_within_the_size_limit():
+def test_embedded_stage_seven_grows_stage_six_within_the_size_limit():
     import torch
 
     from clover.model import CloverMoeConfig, CloverMoeForCausalLM

@@ -24,6 +24,11 @@ TASKS: dict[str, type[Task]] = {
 EVAL_TASKS: tuple[str, ...] = tuple(name for name, cls in TASKS.items() if not cls.curriculum)
 
 
+def task_names(names=()) -> tuple[str, ...]:
+    """`names`, or every evaluated task when it is empty (what a mixture with no task list trains)."""
+    return tuple(names) or EVAL_TASKS
+
+
 def get_task(name: str, **options: Any) -> Task:
     """The task registered as ``name``, constructed with ``options``."""
     try:
@@ -33,4 +38,4 @@ def get_task(name: str, **options: Any) -> Task:
     return cls(**options)
 
 
-__all__ = ["EVAL_TASKS", "TASKS", "SPLITS", "Example", "Task", "get_task", "split_of"]
+__all__ = ["EVAL_TASKS", "TASKS", "SPLITS", "Example", "Task", "get_task", "split_of", "task_names"]
