@@ -6,11 +6,16 @@ spread over the first epoch so that short and long batches both count, then sets
 `train.steps` to fill M minutes of training. The resolved recipe (`recipe.json` in the run dir)
 records the steps, so the run can be repeated exactly elsewhere. Evaluation and checkpoints come
 on top of the M minutes.
+
+`fit.json` in the run dir records the fit, so that `--resume` with the same recipe continues the
+schedule the checkpoint was trained on instead of the recipe's unfitted `train.steps`.
 """
 
 import copy
 import dataclasses
+import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -46,3 +51,24 @@ def fit_steps(config: TrainConfig, step_seconds: float, minutes: float) -> Train
         raise ValueError(f"--fit-minutes={minutes} must be positive")
     steps = max(config.warmup_steps + 1, int(60.0 * minutes / step_seconds))
     return dataclasses.replace(config, steps=steps)
+
+
+FIT_FILE = "fit.json"
+
+
+def save_fit(run_dir: Path, minutes: float, step_seconds: float, recipe_steps: int, steps: int) -> None:
+    """Record a fit in the run dir: the recipe's `recipe_steps` became `steps`."""
+    record = {"minutes": minutes, "step_seconds": step_seconds, "recipe_steps": recipe_steps, "steps": steps}
+    (Path(run_dir) / FIT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def fitted_config(config: TrainConfig, run_dir: Path) -> TrainConfig:
+    """On resume: `config` with the steps an earlier `--fit-minutes` chose in `run_dir`, when the
+    recipe still has the steps that fit replaced (an edited `train.steps` is kept as written)."""
+    path = Path(run_dir) / FIT_FILE
+    if not path.exists():
+        return config
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if config.steps != record["recipe_steps"]:
+        return config
+    return dataclasses.replace(config, steps=record["steps"])

@@ -1,7 +1,7 @@
 """`run_recipe`: recipe -> tokenizer, model, data, evaluation -> trained, exported checkpoint.
 
-Run directory (`recipe.output_dir`): `recipe.json` (the resolved recipe), `tokenizer/` (when one
-is trained), `train.log`, `metrics.jsonl` (one JSON line per step), `checkpoints/step-*/` (resumable, at any
+Run directory (`recipe.output_dir`): `recipe.json` (the resolved recipe), `fit.json` (when
+`--fit-minutes` chose the steps), `tokenizer/` (when one is trained), `train.log`, `metrics.jsonl` (one JSON line per step), `checkpoints/step-*/` (resumable, at any
 world size), and `final/` (the exported Clover checkpoint). Works alone or under torchrun; rank 0
 writes everything but the checkpoint shards of other ranks.
 """
@@ -16,7 +16,7 @@ from .data import BatchSpec, PairDataset
 from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
 from .evaluation import combine, loss_evaluator, task_evaluator
 from .export import export_checkpoint
-from .fit import fit_steps, measure_step_seconds
+from .fit import fit_steps, fitted_config, measure_step_seconds, save_fit
 from .grow import grow_layers, grown_config
 from .recipe import Recipe, save_recipe
 from .sharding import full_state_dict, is_sharded
@@ -158,11 +158,12 @@ def fit_recipe(recipe: Recipe, model, dataset, dist: DistInfo, minutes: float, r
     """`recipe` with the steps that fill `minutes` here; the run dir's recipe.json records them."""
     seconds = measure_step_seconds(model, recipe.train, dataset, dist)
     train = fit_steps(recipe.train, seconds, minutes)
-    recipe = dataclasses.replace(recipe, train=train)
+    fitted = dataclasses.replace(recipe, train=train)
     if dist.is_main:
-        save_recipe(recipe, run_dir / "recipe.json")
+        save_fit(run_dir, minutes, seconds, recipe.train.steps, train.steps)
+        save_recipe(fitted, run_dir / "recipe.json")
         print(f"fit: {seconds:.3f} s/step here, {train.steps} steps fill {minutes:g} minutes", flush=True)
-    return recipe
+    return fitted
 
 
 def whole_model(sharded, state: dict, dist: DistInfo):
@@ -193,6 +194,8 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
     if recipe.num_threads:
         torch.set_num_threads(recipe.num_threads)
     run_dir = Path(recipe.output_dir)
+    if resume and fit_minutes is None:  # continue the fitted schedule, not the recipe's own steps
+        recipe = dataclasses.replace(recipe, train=fitted_config(recipe.train, run_dir))
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_recipe(recipe, run_dir / "recipe.json")

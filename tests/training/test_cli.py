@@ -155,6 +155,34 @@ def test_fit_minutes_sets_the_steps_and_leaves_the_run_untouched(tmp_path, capsy
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 
 
+def test_resume_continues_the_fitted_schedule(tmp_path, capsys):
+    """--resume with the recipe a --fit-minutes run started from continues the fitted steps
+    (fit.json): the learning-rate schedule the checkpoint was trained on, and recipe.json keeps
+    recording them. Before, the resumed run silently took the recipe's unfitted steps."""
+    recipe = {"name": "fit", "num_threads": 1, "model": {"config": TINY},
+              "data": {"source": "digits", "n_eval_per_task": 4},
+              "train": {"steps": 1000, "batch_size": 4, "block_size": 4, "warmup_steps": 1}}
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(recipe))
+    run = tmp_path / "run"
+    args = ["train", str(path), "--output", str(run), "--no-progress"]
+    assert main(args + ["--fit-minutes", "0.01", "--max-steps", "2"]) == 0
+    steps = int(re.search(r"(\d+) steps fill", capsys.readouterr().out).group(1))
+    assert steps != 1000
+    assert main(args + ["--resume"]) == 0
+    assert f"step {steps} (done)" in capsys.readouterr().out
+    assert json.loads((run / "fit.json").read_text())["steps"] == steps
+    assert json.loads((run / "recipe.json").read_text())["train"]["steps"] == steps
+    assert "config differs" not in (run / "train.log").read_text()
+
+    plain = tmp_path / "plain"  # the same run in one go, with the fitted steps written out
+    path.write_text(json.dumps({**recipe, "train": {**recipe["train"], "steps": steps}}))
+    assert main(["train", str(path), "--output", str(plain), "--no-progress"]) == 0
+    a, b = (load_model_tensors(latest_checkpoint(r)) for r in (run, plain))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
 def test_fit_minutes_must_be_positive():
     from clover.training.fit import fit_steps
     from clover.training.trainer import TrainConfig
