@@ -1,0 +1,47 @@
+"""`benchmarks/joint_errors.py` names the first part of a `joint` derivation that went wrong."""
+
+import importlib.util
+import random
+from pathlib import Path
+
+from clover.data.tasks.joint import JointTask
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "joint_errors.py"
+_SPEC = importlib.util.spec_from_file_location("joint_errors", _PATH)
+joint_errors = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(joint_errors)
+
+
+def _example():
+    """A joint example whose last question is about a derived property (it has a rule line)."""
+    task, rng = JointTask(min_questions=3, max_questions=4), random.Random(0)
+    while True:
+        example = task.sample(rng)
+        if example.meta["derived"][-1]:
+            return example
+
+
+def _output(lines, answer):
+    return "<think>\n" + "\n".join(lines) + "\n</think>\n\n" + answer
+
+
+def test_each_part_of_a_derivation_line_is_told_apart():
+    example = _example()
+    lines = example.reasoning.splitlines()
+    last = lines[-1]
+    verdict = last.rsplit(" ", 1)[1]
+    flipped = {"yes": "no", "no": "yes"}[verdict]
+    question, fact, rules, _ = joint_errors.line_parts(last)
+    assert rules.startswith("Anyone who is") and verdict in ("yes", "no")
+    wrong = {
+        "question": last.replace(question, question + "x", 1),
+        "fact": last.replace(fact, fact + " and tired", 1),
+        "rule": last.replace(rules, rules.replace("Anyone", "Everyone"), 1),
+        "yes/no": last[: -len(verdict)] + flipped,
+        "format": "3 Is",
+    }
+    for kind, line in wrong.items():
+        got = joint_errors.first_error(_output(lines[:-1] + [line], example.answer), example.reasoning)
+        assert got == (kind, line, last), kind
+    assert joint_errors.first_error(_output(lines, "1:yes"), example.reasoning) == ("answer", "1:yes", "")
+    assert joint_errors.first_error(_output(lines[:-1], example.answer), example.reasoning)[0] == "format"
