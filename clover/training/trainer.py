@@ -11,6 +11,7 @@ Only rank 0 writes files; checkpoints are collective (every rank writes its shar
 """
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -230,7 +231,7 @@ class Trainer:
         when there is none. Old pickled `step-N.pt` files are never opened."""
         if path is None and self.run_dir is not None:
             for legacy in ckpt.legacy_checkpoints(self.run_dir):
-                self.log(f"warning: ignoring {legacy}: pickled checkpoints of older versions are not loaded")
+                self.warn(f"ignoring {legacy}: pickled checkpoints of older versions are not loaded")
             path = ckpt.latest_checkpoint(self.run_dir)
         if path is None:
             return False
@@ -238,7 +239,8 @@ class Trainer:
         changed = sorted(k for k, v in asdict(self.config).items()
                          if _jsonable(state["config"].get(k)) != _jsonable(v))
         if changed:  # allowed (e.g. a longer run), but the resumed run is then a different run
-            self.log(f"warning: config differs from the checkpoint's in {changed}")
+            self.warn("config differs from the checkpoint's in "
+                      + ", ".join(f"{k} ({state['config'].get(k)!r} -> {getattr(self.config, k)!r})" for k in changed))
         self.scheduler.load_state_dict(state["scheduler"])
         ckpt.restore_rng(state["rng"])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
@@ -252,6 +254,12 @@ class Trainer:
         if self.dist.is_main and self.run_dir is not None:
             with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
                 f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+
+    def warn(self, message: str) -> None:
+        """A warning in train.log and on stderr (rank 0)."""
+        self.log(f"warning: {message}")
+        if self.dist.is_main:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
 
     def _log_metrics(self, metrics: dict, text: bool = False) -> None:
         """One JSON line in metrics.jsonl; also in train.log when `text`."""

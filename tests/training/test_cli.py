@@ -182,6 +182,13 @@ def test_resume_continues_the_fitted_schedule(tmp_path, capsys):
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 
+    capsys.readouterr()  # an edited recipe is a different run: resuming it says so, on the console too
+    path.write_text(json.dumps({**recipe, "train": {**recipe["train"], "steps": steps + 2}}))
+    assert main(["train", str(path), "--output", str(plain), "--no-progress", "--resume"]) == 0
+    out = capsys.readouterr()
+    assert f"warning: config differs from the checkpoint's in steps ({steps} -> {steps + 2})" in out.err
+    assert f"step {steps + 2} (done)" in out.out
+
 
 def test_fit_minutes_must_be_positive():
     from clover.training.fit import fit_steps
