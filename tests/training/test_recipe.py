@@ -104,3 +104,19 @@ def test_embedded_stage_seven_grows_stage_six_within_the_size_limit():
     with torch.device("meta"):
         params = sum(p.numel() for p in CloverMoeForCausalLM(config).parameters())
     assert params * 4 <= 25e6  # fp32 bytes: the issue's package limit
+
+
+EMBEDDED_STAGES = ("embedded_ar", "embedded", "embedded_polish", "embedded_polish_cpu", "embedded_reason_cpu",
+                   "embedded_reason2_cpu", "embedded_grow_cpu", "embedded_grow2_cpu")  # in training order
+
+
+def test_embedded_stages_chain_on_fresh_data():
+    """Every embedded recipe is a stage of one chain: each starts from the export of the stage
+    before and draws its examples with a data seed no other stage used."""
+    assert {p.stem for p in (ROOT / "recipes").glob("embedded*.json")} == set(EMBEDDED_STAGES)
+    stages = [load_recipe(ROOT / "recipes" / f"{name}.json") for name in EMBEDDED_STAGES]
+    assert stages[0].model.init is None
+    for before, after in zip(stages, stages[1:]):
+        assert after.model.init == f"{before.output_dir}/final", after.name
+    seeds = [stage.data.seed for stage in stages]
+    assert len(set(seeds)) == len(seeds), seeds
