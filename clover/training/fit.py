@@ -62,6 +62,11 @@ def save_fit(run_dir: Path, minutes: float, step_seconds: float, recipe_steps: i
     (Path(run_dir) / FIT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
+def forget_fit(run_dir: Path) -> None:
+    """A fresh run without `--fit-minutes` in `run_dir`: an earlier run's fit no longer applies."""
+    (Path(run_dir) / FIT_FILE).unlink(missing_ok=True)
+
+
 def fitted_config(config: TrainConfig, run_dir: Path) -> TrainConfig:
     """On resume: `config` with the steps an earlier `--fit-minutes` chose in `run_dir`, when the
     recipe still has the steps that fit replaced (an edited `train.steps` is kept as written)."""

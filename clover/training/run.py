@@ -16,7 +16,7 @@ from .data import BatchSpec, PairDataset
 from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
 from .evaluation import combine, loss_evaluator, task_evaluator
 from .export import export_checkpoint
-from .fit import fit_steps, fitted_config, measure_step_seconds, save_fit
+from .fit import fit_steps, fitted_config, forget_fit, measure_step_seconds, save_fit
 from .grow import grow_layers, grown_config
 from .recipe import Recipe, save_recipe
 from .sharding import full_state_dict, is_sharded
@@ -198,6 +198,8 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
         recipe = dataclasses.replace(recipe, train=fitted_config(recipe.train, run_dir))
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if not resume and fit_minutes is None:
+            forget_fit(run_dir)
         save_recipe(recipe, run_dir / "recipe.json")
     tokenizer = prepare_tokenizer(recipe, run_dir, dist)
     model, roles = build_model(recipe, tokenizer)

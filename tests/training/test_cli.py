@@ -188,6 +188,8 @@ def test_resume_continues_the_fitted_schedule(tmp_path, capsys):
     out = capsys.readouterr()
     assert f"warning: config differs from the checkpoint's in steps ({steps} -> {steps + 2})" in out.err
     assert f"step {steps + 2} (done)" in out.out
+    assert main(args + ["--max-steps", "1"]) == 0  # a fresh unfitted run in the dir drops the old fit
+    assert not (run / "fit.json").exists()
 
 
 def test_fit_minutes_must_be_positive():
