@@ -1,8 +1,9 @@
 """`run_recipe`: recipe -> tokenizer, model, data, evaluation -> trained, exported checkpoint.
 
 Run directory (`recipe.output_dir`): `recipe.json` (the resolved recipe), `fit.json` (when
-`--fit-minutes` chose the steps), `tokenizer/` (when one is trained), `train.log`, `metrics.jsonl` (one JSON line per step), `checkpoints/step-*/` (resumable, at any
-world size), and `final/` (the exported Clover checkpoint). Works alone or under torchrun; rank 0
+`--fit-minutes` chose the steps), `tokenizer/` (when one is trained), `train.log`, `metrics.jsonl`
+(one JSON line per step), `checkpoints/step-*/` (resumable, at any world size), and `final/` (the
+exported Clover checkpoint). Works alone or under torchrun; rank 0
 writes everything but the checkpoint shards of other ranks.
 """
 
