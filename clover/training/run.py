@@ -3,8 +3,8 @@
 Run directory (`recipe.output_dir`): `recipe.json` (the resolved recipe), `fit.json` (when
 `--fit-minutes` chose the steps), `tokenizer/` (when one is trained), `train.log`, `metrics.jsonl`
 (one JSON line per step), `checkpoints/step-*/` (resumable, at any world size), and `final/` (the
-exported Clover checkpoint). Works alone or under torchrun; rank 0
-writes everything but the checkpoint shards of other ranks.
+exported Clover checkpoint). Works alone or under torchrun; rank 0 writes everything but the
+checkpoint shards of other ranks.
 """
 
 import dataclasses
