@@ -129,13 +129,22 @@ def test_plan_prints_the_35b_table(capsys):
     assert rows[("16", "ddp")][-1] == "no" and rows[("16", "fsdp")][-1] == "yes"
 
 
+DIGITS_RECIPE = {"name": "fit", "num_threads": 1, "model": {"config": TINY},
+                 "data": {"source": "digits", "n_eval_per_task": 4},
+                 "train": {"steps": 1000, "batch_size": 4, "block_size": 4, "warmup_steps": 1}}
+
+
+def _assert_same_weights(run_a, run_b) -> None:
+    a, b = (load_model_tensors(latest_checkpoint(run)) for run in (run_a, run_b))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
 def test_fit_minutes_sets_the_steps_and_leaves_the_run_untouched(tmp_path, capsys):
     """--fit-minutes measures on a throwaway copy: the fitted run equals a plain run of the
     steps it chose (same weights), and recipe.json records those steps."""
-    recipe = {"name": "fit", "num_threads": 1, "model": {"config": TINY},
-              "data": {"source": "digits", "n_eval_per_task": 4},
-              "train": {"steps": 1000, "batch_size": 4, "block_size": 4, "warmup_steps": 1}}
-    path = tmp_path / "fit.json"
+    recipe = DIGITS_RECIPE
+    path = tmp_path / "digits.json"
     path.write_text(json.dumps(recipe))
     fitted = tmp_path / "fitted"
     assert main(["train", str(path), "--output", str(fitted), "--no-progress", "--fit-minutes", "0.02"]) == 0
@@ -150,19 +159,15 @@ def test_fit_minutes_sets_the_steps_and_leaves_the_run_untouched(tmp_path, capsy
     plain = tmp_path / "plain"
     path.write_text(json.dumps({**recipe, "train": {**recipe["train"], "steps": int(steps)}}))
     assert main(["train", str(path), "--output", str(plain), "--no-progress"]) == 0
-    a, b = (load_model_tensors(latest_checkpoint(run)) for run in (fitted, plain))
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+    _assert_same_weights(fitted, plain)
 
 
 def test_resume_continues_the_fitted_schedule(tmp_path, capsys):
     """--resume with the recipe a --fit-minutes run started from continues the fitted steps
     (fit.json): the learning-rate schedule the checkpoint was trained on, and recipe.json keeps
     recording them. Before, the resumed run silently took the recipe's unfitted steps."""
-    recipe = {"name": "fit", "num_threads": 1, "model": {"config": TINY},
-              "data": {"source": "digits", "n_eval_per_task": 4},
-              "train": {"steps": 1000, "batch_size": 4, "block_size": 4, "warmup_steps": 1}}
-    path = tmp_path / "fit.json"
+    recipe = DIGITS_RECIPE
+    path = tmp_path / "digits.json"
     path.write_text(json.dumps(recipe))
     run = tmp_path / "run"
     args = ["train", str(path), "--output", str(run), "--no-progress"]
@@ -178,9 +183,7 @@ def test_resume_continues_the_fitted_schedule(tmp_path, capsys):
     plain = tmp_path / "plain"  # the same run in one go, with the fitted steps written out
     path.write_text(json.dumps({**recipe, "train": {**recipe["train"], "steps": steps}}))
     assert main(["train", str(path), "--output", str(plain), "--no-progress"]) == 0
-    a, b = (load_model_tensors(latest_checkpoint(r)) for r in (run, plain))
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+    _assert_same_weights(run, plain)
 
     capsys.readouterr()  # an edited recipe is a different run: resuming it says so, on the console too
     path.write_text(json.dumps({**recipe, "train": {**recipe["train"], "steps": steps + 2}}))
