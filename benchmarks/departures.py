@@ -7,7 +7,7 @@ its own token there. A commit at or below the
 threshold was the rule's fallback (no masked position was sure enough, so the most confident
 one was filled); one above it was a confident mistake.
 
-    python benchmarks/departures.py --limit 40 --seed 1
+    python benchmarks/departures.py --limit 40 --seed 1 [--no-thinking]
 
 Prints one line per departure and a table per task: prompts, departures, prompts only AR gets
 right, and how many of those departed through a fallback commit.
@@ -55,18 +55,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="evaluation split seed")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-thinking", action="store_true", help="prompts with thinking off (default: the template's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     path = args.model or default_model_dir()
     model, tokenizer = load_model_and_tokenizer(path, LoadOptions(device="cpu", dtype="fp32"))
     threshold = model.generation_config.threshold
     examples = eval_examples(args.limit, seed=args.seed)
-    print(f"model {path}, {len(examples)} prompts (seed {args.seed}), threshold {threshold}, greedy\n")
+    thinking = "off" if args.no_thinking else "the template's default"
+    print(f"model {path}, {len(examples)} prompts (seed {args.seed}), threshold {threshold}, thinking {thinking}, "
+          "greedy\n")
     counts: dict[str, Counter] = {}
     with torch.inference_mode():
         for example in examples:
             task, c = get_task(example.task), counts.setdefault(example.task, Counter())
-            ids = prompt_ids(model, tokenizer, example)
+            ids = prompt_ids(model, tokenizer, example, enable_thinking=False if args.no_thinking else None)
             bd, confidence = block_diffusion_with_confidence(model, ids, threshold, args.max_new_tokens)
             out = model.generate(ids, mode="ar", do_sample=False, max_new_tokens=args.max_new_tokens,
                                  return_dict_in_generate=True)
