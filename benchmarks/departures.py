@@ -3,7 +3,8 @@
 For each held-out prompt, greedy block diffusion and greedy AR; where their token sequences
 differ, the first differing token of block diffusion and the confidence at which the
 low-confidence rule committed it (from the decoding's step events), beside AR's confidence in
-its own token there. A commit at or below the
+its own token there, and how many positions of its block to its left were still masked when it
+was committed (AR always has them all). A commit at or below the
 threshold was the rule's fallback (no masked position was sure enough, so the most confident
 one was filled); one above it was a confident mistake.
 
@@ -26,17 +27,27 @@ from clover.model.generation_batch import DoneEvent, StepEvent
 
 
 def block_diffusion_with_confidence(model, ids, threshold: float, max_new_tokens: int):
-    """(new token ids, the confidence each was committed at) for one prompt [1, T]."""
+    """(new token ids, the confidence each was committed at, the denoising step that filled each)
+    for one prompt [1, T]."""
     size = model.generation_config.block_size
-    committed: dict[int, float] = {}  # response position -> confidence when filled
+    committed: dict[int, tuple[float, int]] = {}  # response position -> (confidence, step) when filled
+    step = 0
     for event in model.stream_generate(ids, mode="block_diffusion", do_sample=False, threshold=threshold,
                                        max_new_tokens=max_new_tokens, block_size=size):
         if isinstance(event, StepEvent):
+            step += 1
             for j in event.filled[0].nonzero().flatten().tolist():
-                committed[event.block_index * size + j] = event.confidence[0, j].item()
+                committed[event.block_index * size + j] = (event.confidence[0, j].item(), step)
         elif isinstance(event, DoneEvent):
             new = event.output.response_ids(0, ids.shape[1])
-    return new.tolist(), [committed[i] for i in range(len(new))]
+    confidence, filled_at = zip(*(committed[i] for i in range(len(new))))
+    return new.tolist(), list(confidence), list(filled_at)
+
+
+def masked_to_the_left(filled_at: list[int], i: int, size: int) -> int:
+    """Positions of `i`'s block to the left of `i` still masked when `i` was decided (filled in the
+    same step or later)."""
+    return sum(filled_at[j] >= filled_at[i] for j in range(i - i % size, i))
 
 
 def ar_confidence(model, ids, ar: list[int], i: int) -> float:
@@ -70,7 +81,7 @@ def main() -> None:
         for example in examples:
             task, c = get_task(example.task), counts.setdefault(example.task, Counter())
             ids = prompt_ids(model, tokenizer, example, enable_thinking=False if args.no_thinking else None)
-            bd, confidence = block_diffusion_with_confidence(model, ids, threshold, args.max_new_tokens)
+            bd, confidence, filled_at = block_diffusion_with_confidence(model, ids, threshold, args.max_new_tokens)
             out = model.generate(ids, mode="ar", do_sample=False, max_new_tokens=args.max_new_tokens,
                                  return_dict_in_generate=True)
             ar = out.response_ids(0, ids.shape[1]).tolist()
@@ -81,15 +92,18 @@ def main() -> None:
             if i is None:
                 continue
             fallback = confidence[i] <= threshold
+            left = masked_to_the_left(filled_at, i, model.generation_config.block_size)
             c["departures"] += 1
             c["ar only"] += ar_right and not bd_right
             c["ar only, by fallback"] += ar_right and not bd_right and fallback
             c["departures by fallback"] += fallback
+            c["filled before its left"] += left > 0
             print(f"{example.task:<9} token {i:>3}: {tokenizer.decode(bd[i:i + 1])!r} for AR's "
                   f"{tokenizer.decode(ar[i:i + 1])!r} at confidence {confidence[i]:.3f}"
-                  f"{' (fallback)' if fallback else ''} (AR's {ar_confidence(model, ids, ar, i):.3f})"
-                  f"; right: block diffusion {bd_right}, AR {ar_right}")
-    keys = ("prompts", "departures", "departures by fallback", "ar only", "ar only, by fallback")
+                  f"{' (fallback)' if fallback else ''} (AR's {ar_confidence(model, ids, ar, i):.3f}), "
+                  f"{left} masked to its left; right: block diffusion {bd_right}, AR {ar_right}")
+    keys = ("prompts", "departures", "departures by fallback", "filled before its left", "ar only",
+            "ar only, by fallback")
     print("\n| task | " + " | ".join(keys) + " |\n|---|" + "---:|" * len(keys))
     for name in (*sorted(counts), "all"):
         c = sum(counts.values(), Counter()) if name == "all" else counts[name]
