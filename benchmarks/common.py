@@ -92,3 +92,29 @@ def write_section(path: Path, title: str, lines: list[str]) -> None:
     end = text.find("\n## ", start + 1)
     rest = "" if end < 0 else text[end:]
     path.write_text(text[:start + 1] + section + rest)
+
+
+def embedded_probe_parser(doc: str, limit: int = 40, limit_help: str = "prompts per task", seed: int = 1):
+    """An argument parser with what every probe of the embedded model takes: --model (default: the
+    embedded model), --limit, --seed (the evaluation split) and --threads."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--limit", type=int, default=limit, help=limit_help)
+    parser.add_argument("--seed", type=int, default=seed, help="evaluation split seed")
+    parser.add_argument("--threads", type=int, default=1)
+    return parser
+
+
+def load_probe_model(args):
+    """(path, model, tokenizer) for a probe's `args`: fp32 on CPU with `args.threads` threads."""
+    import torch
+
+    from clover import default_model_dir
+    from clover.loading import LoadOptions, load_model_and_tokenizer
+
+    torch.set_num_threads(args.threads)
+    path = args.model or default_model_dir()
+    model, tokenizer = load_model_and_tokenizer(path, LoadOptions(device="cpu", dtype="fp32"))
+    return path, model, tokenizer

@@ -14,16 +14,18 @@ Prints one line per departure and a table per task: prompts, departures, prompts
 right, and how many of those departed through a fallback commit.
 """
 
-import argparse
+import sys
 from collections import Counter
+from pathlib import Path
 
 import torch
 
-from clover import default_model_dir
 from clover.data import eval_examples, get_task
 from clover.evaluation.run import prompt_ids
-from clover.loading import LoadOptions, load_model_and_tokenizer
 from clover.model.generation_batch import DoneEvent, StepEvent
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import embedded_probe_parser, load_probe_model  # noqa: E402
 
 
 def block_diffusion_with_confidence(model, ids, threshold: float, max_new_tokens: int):
@@ -60,17 +62,11 @@ def ar_confidence(model, ids, ar: list[int], i: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--limit", type=int, default=40, help="prompts per task")
-    parser.add_argument("--seed", type=int, default=1, help="evaluation split seed")
+    parser = embedded_probe_parser(__doc__)
     parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-thinking", action="store_true", help="prompts with thinking off (default: the template's)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    path = args.model or default_model_dir()
-    model, tokenizer = load_model_and_tokenizer(path, LoadOptions(device="cpu", dtype="fp32"))
+    path, model, tokenizer = load_probe_model(args)
     threshold = model.generation_config.threshold
     examples = eval_examples(args.limit, seed=args.seed)
     thinking = "off" if args.no_thinking else "the template's default"

@@ -17,15 +17,17 @@ target derivation:
 Prints the first wrong line of each wrong answer and a table of the kinds per decoding mode.
 """
 
-import argparse
+import sys
 from collections import Counter
+from pathlib import Path
 
 import torch
 
-from clover import default_model_dir
 from clover.data import eval_examples, get_task
 from clover.evaluation.run import decode_all
-from clover.loading import LoadOptions, load_model_and_tokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import embedded_probe_parser, load_probe_model  # noqa: E402
 
 KINDS = ("question", "fact", "rule", "yes/no", "answer", "format")
 
@@ -59,16 +61,10 @@ def first_error(output: str, reasoning: str) -> tuple[str, str, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--limit", type=int, default=40, help="joint prompts")
-    parser.add_argument("--seed", type=int, default=1, help="evaluation split seed")
-    parser.add_argument("--threads", type=int, default=1)
+    parser = embedded_probe_parser(__doc__, limit_help="joint prompts")
     parser.add_argument("--quiet", action="store_true", help="only the table")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    path = args.model or default_model_dir()
-    model, tokenizer = load_model_and_tokenizer(path, LoadOptions(device="cpu", dtype="fp32"))
+    path, model, tokenizer = load_probe_model(args)
     task = get_task("joint")
     examples = eval_examples(args.limit, seed=args.seed, tasks=[task])
     size, threshold = model.generation_config.block_size, model.generation_config.threshold

@@ -6,14 +6,16 @@ point of the same checkpoint (embedded model by default).
 Prints a markdown table; with --png also saves the curve (needs `pip install -e ".[plot]"`).
 """
 
-import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from clover import default_model_dir
 from clover.data import eval_examples
 from clover.evaluation.run import decode_all
-from clover.loading import LoadOptions, load_model_and_tokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import embedded_probe_parser, load_probe_model  # noqa: E402
 
 THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
@@ -61,18 +63,12 @@ def plot(rows, path: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--limit", type=int, default=20, help="prompts per task")
-    parser.add_argument("--seed", type=int, default=0, help="evaluation split seed")
+    parser = embedded_probe_parser(__doc__, limit=20, seed=0)
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--png", default=None)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    path = args.model or default_model_dir()
-    model, tokenizer = load_model_and_tokenizer(path, LoadOptions(device="cpu", dtype="fp32"))
+    path, model, tokenizer = load_probe_model(args)
     examples = eval_examples(args.limit, seed=args.seed)
     print(f"model {path}, {len(examples)} prompts, block {args.block_size}, greedy, "
           f"{torch.get_num_threads()} thread(s)\n")
