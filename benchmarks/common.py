@@ -70,12 +70,10 @@ def embedded_engine_inputs(max_new_tokens: int, model_dir=None):
     """(model, tokenizer, request config) of the embedded model (or the checkpoint at `model_dir`)
     in fp32 for the engine benchmarks: greedy defaults of the checkpoint, `max_new_tokens` per
     request, no EOS (every request runs its whole budget)."""
-    import clover
-    from clover.loading import LoadOptions, load_model_and_tokenizer
     from clover.serving.admission import request_config
     from clover.serving.runtime import server_defaults
 
-    model, tok = load_model_and_tokenizer(model_dir or clover.default_model_dir(), LoadOptions(device="cpu", dtype="fp32"))
+    _, model, tok = embedded_fp32(model_dir)
     cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=max_new_tokens, eos_token_id=[]),
                          model.config.vocab_size)
     return model, tok, cfg
@@ -99,7 +97,8 @@ def embedded_probe_parser(doc: str, limit: int = 40, limit_help: str = "prompts 
     embedded model), --limit, --seed (the evaluation split) and --threads."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     parser.add_argument("--limit", type=int, default=limit, help=limit_help)
     parser.add_argument("--seed", type=int, default=seed, help="evaluation split seed")
@@ -111,10 +110,15 @@ def load_probe_model(args):
     """(path, model, tokenizer) for a probe's `args`: fp32 on CPU with `args.threads` threads."""
     import torch
 
-    from clover import default_model_dir
+    torch.set_num_threads(args.threads)
+    return embedded_fp32(args.model)
+
+
+def embedded_fp32(model_dir=None):
+    """(path, model, tokenizer): the checkpoint at `model_dir`, else the embedded model, in fp32 on CPU."""
+    import clover
     from clover.loading import LoadOptions, load_model_and_tokenizer
 
-    torch.set_num_threads(args.threads)
-    path = args.model or default_model_dir()
+    path = model_dir or clover.default_model_dir()
     model, tokenizer = load_model_and_tokenizer(path, LoadOptions(device="cpu", dtype="fp32"))
     return path, model, tokenizer

@@ -32,14 +32,14 @@ def block_diffusion_with_confidence(model, ids, threshold: float, max_new_tokens
     """(new token ids, the confidence each was committed at, the denoising step that filled each)
     for one prompt [1, T]."""
     size = model.generation_config.block_size
-    committed: dict[int, tuple[float, int]] = {}  # response position -> (confidence, step) when filled
-    step = 0
-    for event in model.stream_generate(ids, mode="block_diffusion", do_sample=False, threshold=threshold,
-                                       max_new_tokens=max_new_tokens, block_size=size):
+    committed: dict[int, tuple[float, int]] = {}  # response position -> (confidence, event index) when filled
+    events = model.stream_generate(ids, mode="block_diffusion", do_sample=False, threshold=threshold,
+                                   max_new_tokens=max_new_tokens, block_size=size)
+    for step, event in enumerate(events):
         if isinstance(event, StepEvent):
-            step += 1
+            confidence = event.confidence[0].tolist()  # one copy per step, not one per position
             for j in event.filled[0].nonzero().flatten().tolist():
-                committed[event.block_index * size + j] = (event.confidence[0, j].item(), step)
+                committed[event.block_index * size + j] = (confidence[j], step)
         elif isinstance(event, DoneEvent):
             new = event.output.response_ids(0, ids.shape[1])
     confidence, filled_at = zip(*(committed[i] for i in range(len(new))))
@@ -64,7 +64,8 @@ def ar_confidence(model, ids, ar: list[int], i: int) -> float:
 def main() -> None:
     parser = embedded_probe_parser(__doc__)
     parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--no-thinking", action="store_true", help="prompts with thinking off (default: the template's)")
+    parser.add_argument("--no-thinking", action="store_true",
+                        help="prompts with thinking off (default: the template's)")
     args = parser.parse_args()
     path, model, tokenizer = load_probe_model(args)
     threshold = model.generation_config.threshold

@@ -239,8 +239,8 @@ class Trainer:
         changed = sorted(k for k, v in asdict(self.config).items()
                          if _jsonable(state["config"].get(k)) != _jsonable(v))
         if changed:  # allowed (e.g. a longer run), but the resumed run is then a different run
-            self.warn("config differs from the checkpoint's in "
-                      + ", ".join(f"{k} ({state['config'].get(k)!r} -> {getattr(self.config, k)!r})" for k in changed))
+            diffs = [f"{k} ({state['config'].get(k)!r} -> {getattr(self.config, k)!r})" for k in changed]
+            self.warn("config differs from the checkpoint's in " + ", ".join(diffs))
         self.scheduler.load_state_dict(state["scheduler"])
         ckpt.restore_rng(state["rng"])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
