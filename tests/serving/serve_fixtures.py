@@ -8,7 +8,10 @@ import time
 import torch
 
 from clover.data.tokenizer import train_tokenizer
+from clover.serving.admission import request_config
 from clover.serving.http_server import ConnectionLimits, Server, server_config
+from clover.serving.runtime import server_defaults
+from clover.serving.scheduler import EngineRequest
 
 from tiny import tiny_config, tiny_model
 
@@ -33,6 +36,27 @@ def make_model(tokenizer, seed: int = 0, head_scale: float = 8.0):
     with torch.no_grad():
         model.lm_head.weight.mul_(head_scale)
     return model
+
+
+def request_settings(model, tok, **overrides):
+    """A request's generation settings: the server's defaults for this model with `overrides`."""
+    return request_config(server_defaults(model, tok), overrides, model.config.vocab_size)
+
+
+def drive(engine, requests: list[tuple[str, list[int], object]]) -> dict[str, list]:
+    """Submit every (id, prompt ids, settings), step the engine on this thread until idle; id -> its outputs."""
+    outs = {rid: [] for rid, _, _ in requests}
+    for rid, ids, config in requests:
+        engine.submit(EngineRequest(rid, ids, config), outs[rid].append)
+    with torch.inference_mode():
+        while engine.scheduler.num_running or engine.scheduler.num_waiting:
+            engine.step()
+    return outs
+
+
+def new_tokens(outputs) -> list[int]:
+    """The tokens a request's outputs streamed, in order."""
+    return [t for o in outputs for t in o.new_token_ids]
 
 
 def free_port() -> int:

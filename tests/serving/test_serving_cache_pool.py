@@ -6,20 +6,16 @@ request too long for a slot refused by name while the others go on."""
 import pytest
 import torch
 
-from clover.serving.admission import request_config
 from clover.serving.engine import Engine, EngineConfig
-from clover.serving.runtime import server_defaults
 from clover.serving.scheduler import EngineRequest, SchedulerConfig
+
+from serve_fixtures import request_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SYSTEM = "You are a careful assistant. Answer in one short sentence. "
 PROMPTS = ["hello world", SYSTEM + "The quick brown fox jumps over the lazy dog.", "What is the weather?",
            SYSTEM + "def add(x, y):", "I am fine", SYSTEM * 2 + "Paris", "Let me think", "x"]
-
-
-def cfg(model, tok, **settings):
-    return request_config(server_defaults(model, tok), settings, model.config.vocab_size)
 
 
 def drive(engine: Engine, schedule: list[tuple[int, str, list[int], object]]) -> dict:
@@ -45,7 +41,7 @@ def engine(model, tok, pool: bool, **settings) -> Engine:
 
 
 def test_pool_gives_the_stacked_twins_tokens(model, tok):
-    schedule = [(at, f"r{i}", tok.encode(p), cfg(model, tok, max_new_tokens=4 + 3 * i, block_size=[4, 8][i % 2]))
+    schedule = [(at, f"r{i}", tok.encode(p), request_settings(model, tok, max_new_tokens=4 + 3 * i, block_size=[4, 8][i % 2]))
                 for i, (at, p) in enumerate(zip([0, 0, 1, 2, 4, 7, 9, 12], PROMPTS))]
     eng = engine(model, tok, True)
     pooled = drive(eng, schedule)
@@ -60,7 +56,7 @@ def test_pool_gives_the_stacked_twins_tokens(model, tok):
 
 def test_slots_are_reused(model, tok):
     eng = engine(model, tok, True, batch=2)
-    settings = cfg(model, tok, max_new_tokens=8, block_size=4)
+    settings = request_settings(model, tok, max_new_tokens=8, block_size=4)
     drive(eng, [(0, "a", tok.encode(PROMPTS[0]), settings), (0, "b", tok.encode(PROMPTS[2]), settings)])
     slots = list(eng.pool.free)
     buffers = [layer.key_buffer.data_ptr() for c in slots for layer in c.layers if hasattr(layer, "key_buffer")]
@@ -72,9 +68,9 @@ def test_slots_are_reused(model, tok):
 
 def test_a_request_beyond_the_slot_capacity_fails_alone(model, tok):
     eng = engine(model, tok, True, slot_tokens=64)
-    short = cfg(model, tok, max_new_tokens=8, block_size=4)
+    short = request_settings(model, tok, max_new_tokens=8, block_size=4)
     long_ids = tok.encode(SYSTEM * 3)
-    schedule = [(0, "long", long_ids, cfg(model, tok, max_new_tokens=16, block_size=4)),
+    schedule = [(0, "long", long_ids, request_settings(model, tok, max_new_tokens=16, block_size=4)),
                 (0, "short", tok.encode(PROMPTS[0]), short)]
     out = drive(eng, schedule)
     tokens, reason, error = out["long"]

@@ -4,11 +4,11 @@ cache stacking, admission bounds, aborts."""
 import pytest
 import torch
 
-from clover.serving.admission import request_config
 from clover.serving.cache import split_cache, stack_caches
 from clover.serving.engine import Engine, EngineConfig
-from clover.serving.runtime import server_defaults
 from clover.serving.scheduler import EngineRequest, Phase, QueueFullError, SchedulerConfig
+
+from serve_fixtures import drive, new_tokens, request_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -17,25 +17,15 @@ PROMPTS = ["hello world", "The quick brown fox jumps over the lazy dog.", "What 
 
 
 def run(engine: Engine, requests: list[tuple[str, list[int], object]]) -> dict[str, tuple[list[int], str]]:
-    """Submit everything, step the engine on this thread until idle; tokens and finish reasons."""
-    outs = {rid: [] for rid, _, _ in requests}
-    for rid, ids, cfg in requests:
-        engine.submit(EngineRequest(rid, ids, cfg), outs[rid].append)
-    with torch.inference_mode():
-        while engine.scheduler.num_running or engine.scheduler.num_waiting:
-            engine.step()
-    return {rid: ([t for o in v for t in o.new_token_ids], v[-1].finish_reason) for rid, v in outs.items()}
-
-
-def configs(model, tok, **settings):
-    return request_config(server_defaults(model, tok), settings, model.config.vocab_size)
+    """Tokens and finish reason of each request, all submitted at once and stepped until idle."""
+    return {rid: (new_tokens(v), v[-1].finish_reason) for rid, v in drive(engine, requests).items()}
 
 
 def test_batched_greedy_equals_single(model, tok):
     engine = Engine(model, tok)
     requests = []
     for i, prompt in enumerate(PROMPTS):
-        cfg = configs(model, tok, max_new_tokens=10 + i, block_size=[4, 8][i % 2])
+        cfg = request_settings(model, tok, max_new_tokens=10 + i, block_size=[4, 8][i % 2])
         requests.append((f"r{i}", tok.encode(prompt), cfg))
     single = {}
     for request in requests:
@@ -47,7 +37,7 @@ def test_batched_greedy_equals_single(model, tok):
 
 def test_matches_model_generate(model, tok):
     """The engine decodes exactly as the model package's `generate` (same settings)."""
-    cfg = configs(model, tok, max_new_tokens=12, block_size=4)
+    cfg = request_settings(model, tok, max_new_tokens=12, block_size=4)
     ids = tok.encode(PROMPTS[1])
     tokens, _ = run(Engine(model, tok), [("a", ids, cfg)])["a"]
     reference = model.generate(torch.tensor([ids]), max_new_tokens=12, block_size=4,
@@ -75,7 +65,7 @@ def test_stack_split_round_trip(model, tok):
 
 def test_queue_bound(model, tok):
     engine = Engine(model, tok, EngineConfig(SchedulerConfig(max_batch_size=1, max_queue=2)))
-    cfg = configs(model, tok, max_new_tokens=4)
+    cfg = request_settings(model, tok, max_new_tokens=4)
     for i in range(2):
         engine.submit(EngineRequest(f"q{i}", [5, 6], cfg), lambda out: None)
     with pytest.raises(QueueFullError):
@@ -84,7 +74,7 @@ def test_queue_bound(model, tok):
 
 def test_batch_size_bound_and_abort(model, tok):
     engine = Engine(model, tok, EngineConfig(SchedulerConfig(max_batch_size=2)))
-    cfg = configs(model, tok, max_new_tokens=64, block_size=4)
+    cfg = request_settings(model, tok, max_new_tokens=64, block_size=4)
     outs = {f"r{i}": [] for i in range(3)}
     for rid, sink in outs.items():
         engine.submit(EngineRequest(rid, tok.encode("hello"), cfg), sink.append)
@@ -103,7 +93,7 @@ def test_batch_size_bound_and_abort(model, tok):
 
 def test_sampling_is_seeded_per_request(model, tok):
     engine = Engine(model, tok)
-    cfg = configs(model, tok, max_new_tokens=8, block_size=4, temperature=1.0)
+    cfg = request_settings(model, tok, max_new_tokens=8, block_size=4, temperature=1.0)
     ids = tok.encode(PROMPTS[0])
 
     def sample(seed, others=0):
@@ -125,7 +115,7 @@ def test_failing_row_does_not_fail_its_batch(tok):
 
     model = ScriptedModel(tok, scripted_answer)
     engine = Engine(model, tok)
-    cfg = configs(model, tok, max_new_tokens=40, block_size=8)
+    cfg = request_settings(model, tok, max_new_tokens=40, block_size=8)
     out = run(engine, [("bad", tok.encode("EXPLODE"), cfg), ("good", tok.encode("2+2?"), cfg)])
     assert out["bad"] == ([], "error")
     tokens, reason = out["good"]
@@ -139,7 +129,7 @@ def test_chunked_prefill_matches_whole_prompt(model, tok):
     prompt is prefilled in one forward."""
     requests = []
     for i, prompt in enumerate(PROMPTS):
-        cfg = configs(model, tok, max_new_tokens=8, block_size=[4, 8][i % 2])
+        cfg = request_settings(model, tok, max_new_tokens=8, block_size=[4, 8][i % 2])
         requests.append((f"r{i}", tok.encode(prompt), cfg))
     whole = run(Engine(model, tok), requests)
     chunked = Engine(model, tok, EngineConfig(SchedulerConfig(prefill_chunk=4)))

@@ -11,10 +11,10 @@ import openai
 import pytest
 import torch
 
-from clover.serving.admission import request_config
 from clover.serving.engine import Engine, EngineConfig
-from clover.serving.runtime import server_defaults
-from clover.serving.scheduler import EngineRequest, SchedulerConfig
+from clover.serving.scheduler import SchedulerConfig
+
+from serve_fixtures import drive, new_tokens, request_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -24,20 +24,9 @@ PROMPTS = ["hello world", SYSTEM + "The quick brown fox jumps over the lazy dog.
 MODES = ("block_diffusion", "ar", "self_spec")
 
 
-def cfg(model, tok, **settings):
-    return request_config(server_defaults(model, tok), settings, model.config.vocab_size)
-
-
-def drive(engine: Engine, requests: list[tuple[str, list[int], object]]) -> dict:
+def outcomes(engine: Engine, requests: list[tuple[str, list[int], object]]) -> dict:
     """Submit all, step until idle; id -> (tokens, finish reason, forwards of the request)."""
-    outs = {rid: [] for rid, _, _ in requests}
-    for rid, ids, settings in requests:
-        engine.submit(EngineRequest(rid, ids, settings), outs[rid].append)
-    with torch.inference_mode():
-        while engine.scheduler.num_running or engine.scheduler.num_waiting:
-            engine.step()
-    return {rid: ([t for o in v for t in o.new_token_ids], v[-1].finish_reason, v[-1].num_forwards)
-            for rid, v in outs.items()}
+    return {rid: (new_tokens(v), v[-1].finish_reason, v[-1].num_forwards) for rid, v in drive(engine, requests).items()}
 
 
 def small_engine(model, tok, pool: bool = True, cls=Engine, prefix_mb: float = 64.0) -> Engine:
@@ -46,7 +35,7 @@ def small_engine(model, tok, pool: bool = True, cls=Engine, prefix_mb: float = 6
 
 
 def reference_ar(model, tok, ids: list[int], max_new_tokens: int) -> list[int]:
-    c = cfg(model, tok)
+    c = request_settings(model, tok)
     out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, mode="ar",
                          eos_token_id=list(c.eos_token_id), think_start_token_id=c.think_start_token_id,
                          think_end_token_id=c.think_end_token_id)
@@ -63,14 +52,14 @@ def test_mixed_modes_in_one_engine(model, tok, pool):
     for i, prompt in enumerate(PROMPTS):
         ids = tok.encode(prompt)
         for mode in MODES:
-            requests.append((f"{mode}{i}", ids, cfg(model, tok, max_new_tokens=12 + i, block_size=[2, 4, 8, 4][i],
+            requests.append((f"{mode}{i}", ids, request_settings(model, tok, max_new_tokens=12 + i, block_size=[2, 4, 8, 4][i],
                                                     mode=mode)))
-    out = drive(small_engine(model, tok, pool), requests)
+    out = outcomes(small_engine(model, tok, pool), requests)
     for i, prompt in enumerate(PROMPTS):
         ids = tok.encode(prompt)
         assert out[f"ar{i}"][0] == reference_ar(model, tok, ids, 12 + i)
         assert out[f"self_spec{i}"][:2] == out[f"ar{i}"][:2]
-        alone = drive(small_engine(model, tok, pool), [r for r in requests if r[0] == f"block_diffusion{i}"])
+        alone = outcomes(small_engine(model, tok, pool), [r for r in requests if r[0] == f"block_diffusion{i}"])
         assert out[f"block_diffusion{i}"][:2] == alone[f"block_diffusion{i}"][:2]
 
 
@@ -79,12 +68,12 @@ def test_prefix_cache_is_shared_across_modes(model, tok):
     their tokens are those of a cold engine."""
     first, second = tok.encode(SYSTEM + "What is 2+2?"), tok.encode(SYSTEM + "Name a colour.")
     warm = small_engine(model, tok)
-    drive(warm, [("a", first, cfg(model, tok, max_new_tokens=8, block_size=4))])
+    drive(warm, [("a", first, request_settings(model, tok, max_new_tokens=8, block_size=4))])
     for mode in ("ar", "self_spec"):
-        settings = cfg(model, tok, max_new_tokens=10, block_size=4, mode=mode)
-        cold = drive(small_engine(model, tok, prefix_mb=0), [("b", second, settings)])["b"][:2]
+        settings = request_settings(model, tok, max_new_tokens=10, block_size=4, mode=mode)
+        cold = outcomes(small_engine(model, tok, prefix_mb=0), [("b", second, settings)])["b"][:2]
         hits = warm.metrics.value("clover_prefix_cache_hit_tokens_total")
-        assert drive(warm, [("b", second, settings)])["b"][:2] == cold
+        assert outcomes(warm, [("b", second, settings)])["b"][:2] == cold
         assert warm.metrics.value("clover_prefix_cache_hit_tokens_total") - hits >= 8
 
 
@@ -113,12 +102,12 @@ def test_oracle_and_adversarial_drafts(model, tok, oracle):
     ids = [tok.encode(p) for p in PROMPTS]
     answers = {tuple(i): reference_ar(model, tok, i, budget) for i in ids}
     engine_cls = type("Drafts", (ScriptedDrafts,), {"answers": answers, "oracle": oracle})
-    requests = [(f"s{k}", i, cfg(model, tok, max_new_tokens=budget, block_size=block, mode="self_spec"))
+    requests = [(f"s{k}", i, request_settings(model, tok, max_new_tokens=budget, block_size=block, mode="self_spec"))
                 for k, i in enumerate(ids)]
-    requests += [("ar", ids[1], cfg(model, tok, max_new_tokens=budget, mode="ar")),
-                 ("bd", ids[2], cfg(model, tok, max_new_tokens=budget, block_size=block))]
+    requests += [("ar", ids[1], request_settings(model, tok, max_new_tokens=budget, mode="ar")),
+                 ("bd", ids[2], request_settings(model, tok, max_new_tokens=budget, block_size=block))]
     for pool in (True, False):
-        out = drive(small_engine(model, tok, pool, cls=engine_cls), requests)
+        out = outcomes(small_engine(model, tok, pool, cls=engine_cls), requests)
         for k, i in enumerate(ids):
             tokens, _, forwards = out[f"s{k}"]
             assert tokens == answers[tuple(i)]
@@ -153,7 +142,7 @@ def test_http_ar_equals_generate_and_self_spec_equals_ar(server, model, tok):
     ar = complete(server, ids, "ar", max_tokens=14)
     reference = reference_ar(model, tok, ids, 14)
     assert ar.usage.completion_tokens == len(reference)
-    assert ar.choices[0].text == tok.decode([t for t in reference if t not in cfg(model, tok).eos_token_id])
+    assert ar.choices[0].text == tok.decode([t for t in reference if t not in request_settings(model, tok).eos_token_id])
     spec = complete(server, ids, "self_spec", max_tokens=14)
     assert spec.choices[0].text == ar.choices[0].text
     assert spec.choices[0].finish_reason == ar.choices[0].finish_reason

@@ -4,10 +4,10 @@
 import pytest
 import torch
 
-from clover.serving.admission import request_config
 from clover.serving.engine import Engine, EngineConfig
-from clover.serving.runtime import server_defaults
 from clover.serving.scheduler import EngineRequest, SchedulerConfig
+
+from serve_fixtures import drive, new_tokens, request_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -15,15 +15,9 @@ SYSTEM = "You are a careful assistant. Answer in one short sentence, and never g
 
 
 def run(engine, requests):
-    outs = {rid: [] for rid, _ in requests}
-    for rid, ids in requests:
-        cfg = request_config(server_defaults(engine.model, engine.tokenizer), dict(max_new_tokens=8, block_size=4),
-                             engine.model.config.vocab_size)
-        engine.submit(EngineRequest(rid, ids, cfg), outs[rid].append)
-    with torch.inference_mode():
-        while engine.scheduler.num_running or engine.scheduler.num_waiting:
-            engine.step()
-    return {rid: [t for o in v for t in o.new_token_ids] for rid, v in outs.items()}
+    """Tokens of each (id, prompt ids) request at 8 new tokens in blocks of 4, stepped until idle."""
+    settings = request_settings(engine.model, engine.tokenizer, max_new_tokens=8, block_size=4)
+    return {rid: new_tokens(v) for rid, v in drive(engine, [(rid, ids, settings) for rid, ids in requests]).items()}
 
 
 def engine(model, tok, mb: float, chunk: int = 8, step_tokens: int = 2048):
@@ -70,7 +64,7 @@ def test_lru_eviction_keeps_the_budget(model, tok):
 def test_step_budget_lets_a_short_request_finish_during_a_long_prefill(model, tok):
     long_prompt, short_prompt = tok.encode(SYSTEM * 3), tok.encode("Hi")
     eng = engine(model, tok, 0, chunk=8, step_tokens=8)
-    cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=4, block_size=4), model.config.vocab_size)
+    cfg = request_settings(model, tok, max_new_tokens=4, block_size=4)
     done_at, steps = {}, [0]
 
     def sink(output):
@@ -108,7 +102,7 @@ def test_attention_budget_cuts_deep_pieces_and_keeps_the_tokens(model, tok):
     from clover.serving.scheduler import prompt_cost
 
     ids = tok.encode(SYSTEM * 3 + "What is 2+2?")
-    settings = request_config(server_defaults(model, tok), dict(max_new_tokens=8), model.config.vocab_size)
+    settings = request_settings(model, tok, max_new_tokens=8)
     outs = {}
     for a in (None, 32):
         eng = Engine(model, tok, EngineConfig(SchedulerConfig(prefill_chunk=64, max_step_tokens=48,
@@ -148,7 +142,7 @@ def test_prefill_share_spaces_a_long_prompts_pieces_and_keeps_the_tokens(model, 
     pieces run in at most one step in three while the short request decodes, and every request's
     tokens are those without the share."""
     long_prompt, short_prompt = tok.encode(SYSTEM * 3), tok.encode("Hi")
-    cfg = request_config(server_defaults(model, tok), dict(max_new_tokens=16, block_size=4), model.config.vocab_size)
+    cfg = request_settings(model, tok, max_new_tokens=16, block_size=4)
     outs = {}
     for share in (None, 0.5):
         eng = Engine(model, tok, EngineConfig(SchedulerConfig(prefill_chunk=8, max_step_tokens=8, attention_tokens=None,
