@@ -41,7 +41,8 @@ def engine(model, tok, pool: bool, **settings) -> Engine:
 
 
 def test_pool_gives_the_stacked_twins_tokens(model, tok):
-    schedule = [(at, f"r{i}", tok.encode(p), request_settings(model, tok, max_new_tokens=4 + 3 * i, block_size=[4, 8][i % 2]))
+    schedule = [(at, f"r{i}", tok.encode(p),
+                 request_settings(model, tok, max_new_tokens=4 + 3 * i, block_size=[4, 8][i % 2]))
                 for i, (at, p) in enumerate(zip([0, 0, 1, 2, 4, 7, 9, 12], PROMPTS))]
     eng = engine(model, tok, True)
     pooled = drive(eng, schedule)

@@ -52,8 +52,8 @@ def test_mixed_modes_in_one_engine(model, tok, pool):
     for i, prompt in enumerate(PROMPTS):
         ids = tok.encode(prompt)
         for mode in MODES:
-            requests.append((f"{mode}{i}", ids, request_settings(model, tok, max_new_tokens=12 + i, block_size=[2, 4, 8, 4][i],
-                                                    mode=mode)))
+            settings = request_settings(model, tok, max_new_tokens=12 + i, block_size=[2, 4, 8, 4][i], mode=mode)
+            requests.append((f"{mode}{i}", ids, settings))
     out = outcomes(small_engine(model, tok, pool), requests)
     for i, prompt in enumerate(PROMPTS):
         ids = tok.encode(prompt)
@@ -142,7 +142,8 @@ def test_http_ar_equals_generate_and_self_spec_equals_ar(server, model, tok):
     ar = complete(server, ids, "ar", max_tokens=14)
     reference = reference_ar(model, tok, ids, 14)
     assert ar.usage.completion_tokens == len(reference)
-    assert ar.choices[0].text == tok.decode([t for t in reference if t not in request_settings(model, tok).eos_token_id])
+    eos = request_settings(model, tok).eos_token_id
+    assert ar.choices[0].text == tok.decode([t for t in reference if t not in eos])
     spec = complete(server, ids, "self_spec", max_tokens=14)
     assert spec.choices[0].text == ar.choices[0].text
     assert spec.choices[0].finish_reason == ar.choices[0].finish_reason
