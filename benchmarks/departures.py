@@ -64,20 +64,20 @@ def ar_confidence(model, ids, ar: list[int], i: int) -> float:
 def main() -> None:
     parser = embedded_probe_parser(__doc__)
     parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--no-thinking", action="store_true",
+    parser.add_argument("--no-thinking", dest="thinking", action="store_false", default=None,
                         help="prompts with thinking off (default: the template's)")
     args = parser.parse_args()
     path, model, tokenizer = load_probe_model(args)
     threshold = model.generation_config.threshold
     examples = eval_examples(args.limit, seed=args.seed)
-    thinking = "off" if args.no_thinking else "the template's default"
+    thinking = "the template's default" if args.thinking is None else "off"
     print(f"model {path}, {len(examples)} prompts (seed {args.seed}), threshold {threshold}, thinking {thinking}, "
           "greedy\n")
     counts: dict[str, Counter] = {}
     with torch.inference_mode():
         for example in examples:
             task, c = get_task(example.task), counts.setdefault(example.task, Counter())
-            ids = prompt_ids(model, tokenizer, example, enable_thinking=False if args.no_thinking else None)
+            ids = prompt_ids(model, tokenizer, example, enable_thinking=args.thinking)
             bd, confidence, filled_at = block_diffusion_with_confidence(model, ids, threshold, args.max_new_tokens)
             out = model.generate(ids, mode="ar", do_sample=False, max_new_tokens=args.max_new_tokens,
                                  return_dict_in_generate=True)

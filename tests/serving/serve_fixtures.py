@@ -43,14 +43,20 @@ def request_settings(model, tok, **overrides):
     return request_config(server_defaults(model, tok), overrides, model.config.vocab_size)
 
 
-def drive(engine, requests: list[tuple[str, list[int], object]]) -> dict[str, list]:
-    """Submit every (id, prompt ids, settings), step the engine on this thread until idle; id -> its outputs."""
-    outs = {rid: [] for rid, _, _ in requests}
-    for rid, ids, config in requests:
-        engine.submit(EngineRequest(rid, ids, config), outs[rid].append)
+def drive(engine, requests: list[tuple[str, list[int], object]], at_step: dict[str, int] | None = None
+          ) -> dict[str, list]:
+    """Submit each (id, prompt ids, settings) before engine step `at_step[id]` (default 0), step the
+    engine on this thread until idle; id -> its outputs."""
+    at_step = at_step or {}
+    pending = sorted(requests, key=lambda r: at_step.get(r[0], 0))
+    outs, step = {rid: [] for rid, _, _ in requests}, 0
     with torch.inference_mode():
-        while engine.scheduler.num_running or engine.scheduler.num_waiting:
+        while pending or engine.scheduler.num_running or engine.scheduler.num_waiting:
+            while pending and at_step.get(pending[0][0], 0) <= step:
+                rid, ids, config = pending.pop(0)
+                engine.submit(EngineRequest(rid, ids, config), outs[rid].append)
             engine.step()
+            step += 1
     return outs
 
 

@@ -4,12 +4,11 @@ pieces, prefix hits, and requests joining and leaving mid-run; slots reused afte
 request too long for a slot refused by name while the others go on."""
 
 import pytest
-import torch
 
 from clover.serving.engine import Engine, EngineConfig
-from clover.serving.scheduler import EngineRequest, SchedulerConfig
+from clover.serving.scheduler import SchedulerConfig
 
-from serve_fixtures import request_settings
+from serve_fixtures import drive, new_tokens, request_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -18,20 +17,12 @@ PROMPTS = ["hello world", SYSTEM + "The quick brown fox jumps over the lazy dog.
            SYSTEM + "def add(x, y):", "I am fine", SYSTEM * 2 + "Paris", "Let me think", "x"]
 
 
-def drive(engine: Engine, schedule: list[tuple[int, str, list[int], object]]) -> dict:
+def run_schedule(engine: Engine, schedule: list[tuple[int, str, list[int], object]]) -> dict:
     """Submit each (step, id, prompt ids, settings) before that engine step; step until idle.
     Returns id -> (tokens, finish reason, error)."""
-    outs, pending, step = {}, sorted(schedule, key=lambda s: s[0]), 0
-    with torch.inference_mode():
-        while pending or engine.scheduler.num_running or engine.scheduler.num_waiting:
-            while pending and pending[0][0] <= step:
-                _, rid, ids, settings = pending.pop(0)
-                outs[rid] = []
-                engine.submit(EngineRequest(rid, ids, settings), outs[rid].append)
-            engine.step()
-            step += 1
-    return {rid: ([t for o in v for t in o.new_token_ids], v[-1].finish_reason, v[-1].error)
-            for rid, v in outs.items()}
+    outs = drive(engine, [(rid, ids, settings) for _, rid, ids, settings in schedule],
+                 at_step={rid: at for at, rid, _, _ in schedule})
+    return {rid: (new_tokens(v), v[-1].finish_reason, v[-1].error) for rid, v in outs.items()}
 
 
 def engine(model, tok, pool: bool, **settings) -> Engine:
@@ -45,24 +36,25 @@ def test_pool_gives_the_stacked_twins_tokens(model, tok):
                  request_settings(model, tok, max_new_tokens=4 + 3 * i, block_size=[4, 8][i % 2]))
                 for i, (at, p) in enumerate(zip([0, 0, 1, 2, 4, 7, 9, 12], PROMPTS))]
     eng = engine(model, tok, True)
-    pooled = drive(eng, schedule)
-    assert pooled == drive(engine(model, tok, False), schedule)
+    pooled = run_schedule(eng, schedule)
+    assert pooled == run_schedule(engine(model, tok, False), schedule)
     assert eng.metrics.value("clover_prefix_cache_hit_tokens_total") > 0  # later SYSTEM prompts start from cached pages
     assert all(reason in ("stop", "length") and tokens for tokens, reason, _ in pooled.values())
     alone = {}
     for request in schedule[1::3]:  # batch independence: the same tokens with nobody beside it
-        alone.update(drive(engine(model, tok, True), [request]))
+        alone.update(run_schedule(engine(model, tok, True), [request]))
     assert alone == {rid: pooled[rid] for rid in alone}
 
 
 def test_slots_are_reused(model, tok):
     eng = engine(model, tok, True, batch=2)
     settings = request_settings(model, tok, max_new_tokens=8, block_size=4)
-    drive(eng, [(0, "a", tok.encode(PROMPTS[0]), settings), (0, "b", tok.encode(PROMPTS[2]), settings)])
+    run_schedule(eng, [(0, "a", tok.encode(PROMPTS[0]), settings), (0, "b", tok.encode(PROMPTS[2]), settings)])
     slots = list(eng.pool.free)
     buffers = [layer.key_buffer.data_ptr() for c in slots for layer in c.layers if hasattr(layer, "key_buffer")]
     assert len(slots) == 2 and eng.pool.taken == 0
-    drive(eng, [(i, f"c{i}", tok.encode(p), settings) for i, p in enumerate(PROMPTS[4:8])])  # 4 requests, 2 slots
+    run_schedule(eng, [(i, f"c{i}", tok.encode(p), settings)  # 4 requests, 2 slots
+                       for i, p in enumerate(PROMPTS[4:8])])
     assert eng.pool.taken == 0 and sorted(map(id, eng.pool.free)) == sorted(map(id, slots))
     assert [layer.key_buffer.data_ptr() for c in slots for layer in c.layers if hasattr(layer, "key_buffer")] == buffers
 
@@ -73,13 +65,13 @@ def test_a_request_beyond_the_slot_capacity_fails_alone(model, tok):
     long_ids = tok.encode(SYSTEM * 3)
     schedule = [(0, "long", long_ids, request_settings(model, tok, max_new_tokens=16, block_size=4)),
                 (0, "short", tok.encode(PROMPTS[0]), short)]
-    out = drive(eng, schedule)
+    out = run_schedule(eng, schedule)
     tokens, reason, error = out["long"]
     assert reason == "error" and not tokens
     need = len(long_ids) + 16 + 2 * 4
     assert f"needs {need} cache positions" in error and "slot's 64" in error
-    assert out["short"] == drive(engine(model, tok, True), [schedule[1]])["short"]
-    again = drive(eng, [(0, "next", tok.encode(PROMPTS[2]), short)])["next"]
+    assert out["short"] == run_schedule(engine(model, tok, True), [schedule[1]])["short"]
+    again = run_schedule(eng, [(0, "next", tok.encode(PROMPTS[2]), short)])["next"]
     assert again[1] in ("stop", "length") and again[0]
 
 

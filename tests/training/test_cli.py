@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,8 +117,6 @@ def test_digits_recipe_without_vocab_size_builds_the_digit_vocabulary(tmp_path, 
 
 
 def test_plan_prints_the_35b_table(capsys):
-    from pathlib import Path
-
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "clover-35b-a3b-fsdp.json"
     assert main(["train", str(recipe), "--plan"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -129,9 +128,13 @@ def test_plan_prints_the_35b_table(capsys):
     assert rows[("16", "ddp")][-1] == "no" and rows[("16", "fsdp")][-1] == "yes"
 
 
-DIGITS_RECIPE = {"name": "fit", "num_threads": 1, "model": {"config": TINY},
-                 "data": {"source": "digits", "n_eval_per_task": 4},
-                 "train": {"steps": 1000, "batch_size": 4, "block_size": 4, "warmup_steps": 1}}
+def write_digits_recipe(path: Path, steps: int = 1000) -> Path:
+    """Write the digits recipe of the fit tests with `steps` training steps to `path`."""
+    recipe = {"name": "fit", "num_threads": 1, "model": {"config": TINY},
+              "data": {"source": "digits", "n_eval_per_task": 4},
+              "train": {"steps": steps, "batch_size": 4, "block_size": 4, "warmup_steps": 1}}
+    path.write_text(json.dumps(recipe))
+    return path
 
 
 def _assert_same_weights(run_a, run_b) -> None:
@@ -143,9 +146,7 @@ def _assert_same_weights(run_a, run_b) -> None:
 def test_fit_minutes_sets_the_steps_and_leaves_the_run_untouched(tmp_path, capsys):
     """--fit-minutes measures on a throwaway copy: the fitted run equals a plain run of the
     steps it chose (same weights), and recipe.json records those steps."""
-    recipe = DIGITS_RECIPE
-    path = tmp_path / "digits.json"
-    path.write_text(json.dumps(recipe))
+    path = write_digits_recipe(tmp_path / "digits.json")
     fitted = tmp_path / "fitted"
     assert main(["train", str(path), "--output", str(fitted), "--no-progress", "--fit-minutes", "0.02"]) == 0
     out = capsys.readouterr().out
@@ -157,7 +158,7 @@ def test_fit_minutes_sets_the_steps_and_leaves_the_run_untouched(tmp_path, capsy
     assert resolved["train"]["steps"] == int(steps)
 
     plain = tmp_path / "plain"
-    path.write_text(json.dumps({**recipe, "train": {**recipe["train"], "steps": int(steps)}}))
+    write_digits_recipe(path, int(steps))
     assert main(["train", str(path), "--output", str(plain), "--no-progress"]) == 0
     _assert_same_weights(fitted, plain)
 
@@ -166,9 +167,7 @@ def test_resume_continues_the_fitted_schedule(tmp_path, capsys):
     """--resume with the recipe a --fit-minutes run started from continues the fitted steps
     (fit.json): the learning-rate schedule the checkpoint was trained on, and recipe.json keeps
     recording them. Before, the resumed run silently took the recipe's unfitted steps."""
-    recipe = DIGITS_RECIPE
-    path = tmp_path / "digits.json"
-    path.write_text(json.dumps(recipe))
+    path = write_digits_recipe(tmp_path / "digits.json")
     run = tmp_path / "run"
     args = ["train", str(path), "--output", str(run), "--no-progress"]
     assert main(args + ["--fit-minutes", "0.01", "--max-steps", "2"]) == 0
@@ -181,12 +180,12 @@ def test_resume_continues_the_fitted_schedule(tmp_path, capsys):
     assert "config differs" not in (run / "train.log").read_text()
 
     plain = tmp_path / "plain"  # the same run in one go, with the fitted steps written out
-    path.write_text(json.dumps({**recipe, "train": {**recipe["train"], "steps": steps}}))
+    write_digits_recipe(path, steps)
     assert main(["train", str(path), "--output", str(plain), "--no-progress"]) == 0
     _assert_same_weights(run, plain)
 
     capsys.readouterr()  # an edited recipe is a different run: resuming it says so, on the console too
-    path.write_text(json.dumps({**recipe, "train": {**recipe["train"], "steps": steps + 2}}))
+    write_digits_recipe(path, steps + 2)
     assert main(["train", str(path), "--output", str(plain), "--no-progress", "--resume"]) == 0
     out = capsys.readouterr()
     assert f"warning: config differs from the checkpoint's in steps ({steps} -> {steps + 2})" in out.err
