@@ -15,6 +15,12 @@ target derivation:
     python benchmarks/joint_errors.py --limit 40 --seed 1
 
 Prints the first wrong line of each wrong answer and a table of the kinds per decoding mode.
+
+With `--teacher-forced` it decodes nothing: one pass per prompt over the target derivation (the clean
+prefix given) tells, for each part, the share of its tokens the model predicts right (argmax) and
+the share of lines whose part it predicts right throughout, causally (AR) and in block mode with the
+whole block masked (the first denoising step); the verdicts are also split by kind (a base or a
+derived property; yes or no). Where decoding errors compound, this shows which step the model cannot do.
 """
 
 import sys
@@ -24,6 +30,7 @@ from pathlib import Path
 import torch
 
 from clover.data import eval_examples, get_task
+from clover.evaluation.field_loss import teacher_forced
 from clover.evaluation.run import decode_all
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -41,6 +48,59 @@ def line_parts(line: str) -> tuple[str, str, str, str] | None:
         return None
     rules, _, verdict = rest.rpartition(" ")
     return question, fact, rules, verdict
+
+
+PARTS = KINDS[:4]
+
+
+def part_spans(line: str) -> list[tuple[str, int, int]]:
+    """`(part, start, end)` character spans of one target derivation line's non-empty parts."""
+    spans, at = [], 0
+    for part, text in zip(PARTS, line_parts(line)):
+        if text:
+            at = line.index(text, at)
+            spans.append((part, at, at + len(text)))
+            at += len(text)
+    return spans
+
+
+def verdict_kind(line: str) -> str:
+    """`base yes`, `derived no`, ...: what a derivation line decides, and its answer."""
+    _, _, rules, verdict = line_parts(line)
+    return f"{'derived' if rules else 'base'} {verdict}"
+
+
+def teacher_forced_table(model, tokenizer, examples) -> list[str]:
+    """Per part: token accuracy and lines all right, AR and block mode (see the module docstring)."""
+    tokens, lines = Counter(), Counter()  # (mode, part) -> right; (mode, part, "n") -> total
+    for example in examples:
+        forced = teacher_forced(model, tokenizer, example, model.generation_config.block_size, True)
+        start = forced.answer.index(example.reasoning)
+        spans = []  # (part, start, end, line index) in the answer text
+        for i, line in enumerate(example.reasoning.splitlines()):
+            spans += [(part, start + a, start + b, i) for part, a, b in part_spans(line)]
+            spans.append((verdict_kind(line), *spans[-1][1:]))
+            start += len(line) + 1
+        for mode, logits in (("AR", forced.ar), ("block", forced.diff)):
+            right = (logits.argmax(-1) == forced.targets).tolist()
+            line_right = {}
+            for (a, b), ok in zip(forced.offsets, right):
+                for part, s, e, i in spans:
+                    if a < e and b > s:
+                        tokens[mode, part] += ok
+                        tokens[mode, part, "n"] += 1
+                        line_right[part, i] = line_right.get((part, i), True) and bool(ok)
+            for (part, _), ok in line_right.items():
+                lines[mode, part] += ok
+                lines[mode, part, "n"] += 1
+    rows = [f"{'part':<14}{'AR tokens':>10}{'AR lines':>10}{'block tokens':>14}{'block lines':>13}"]
+    kinds = sorted({k[1] for k in lines if len(k) == 3 and k[1] not in PARTS})
+    for part in [*PARTS, *kinds]:
+        if lines["AR", part, "n"]:
+            rows.append(f"{part:<14}" + "".join(
+                f"{tokens[m, part] / tokens[m, part, 'n']:>{w}.3f}{lines[m, part]:>{v - 4}}/{lines[m, part, 'n']:<3}"
+                for m, w, v in (("AR", 10, 10), ("block", 14, 13))))
+    return rows
 
 
 def first_error(output: str, reasoning: str) -> tuple[str, str, str]:
@@ -63,10 +123,17 @@ def first_error(output: str, reasoning: str) -> tuple[str, str, str]:
 def main() -> None:
     parser = embedded_probe_parser(__doc__, limit_help="joint prompts")
     parser.add_argument("--quiet", action="store_true", help="only the table")
+    parser.add_argument("--teacher-forced", action="store_true",
+                        help="no decoding: per-part accuracy on the target derivation")
     args = parser.parse_args()
     path, model, tokenizer = load_probe_model(args)
     task = get_task("joint")
     examples = eval_examples(args.limit, seed=args.seed, tasks=[task])
+    if args.teacher_forced:
+        print(f"model {path}, {len(examples)} joint prompts (seed {args.seed}), teacher-forced, thinking on\n")
+        with torch.inference_mode():
+            print("\n".join(teacher_forced_table(model, tokenizer, examples)))
+        return
     size, threshold = model.generation_config.block_size, model.generation_config.threshold
     modes = {"block_diffusion": {"max_new_tokens": 512, "block_size": size, "threshold": threshold},
              "ar": {"max_new_tokens": 512}}

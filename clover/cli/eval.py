@@ -11,7 +11,8 @@ def register(sub) -> None:
     add_model_arguments(p)
     p.add_argument("--task", default="all", help="task name or 'all'")
     p.add_argument("--limit", type=int, default=40, help="prompts per task (default 40)")
-    p.add_argument("--seed", type=int, default=0, help="evaluation split seed")
+    p.add_argument("--seed", type=int, nargs="+", default=[0], metavar="SEED",
+                   help="evaluation split seed; several (`--seed 0 3 4`) pool their prompts into one report")
     p.add_argument("--threshold", type=float, default=None,
                    help="confidence threshold (default: the checkpoint's generation config)")
     p.add_argument("--block-size", type=int, default=None,
@@ -44,18 +45,21 @@ def run(args) -> int:
         if args.threads <= 0:
             raise ValueError(f"--threads={args.threads} must be positive")
         torch.set_num_threads(args.threads)
+    if len(set(args.seed)) != len(args.seed):
+        raise ValueError(f"--seed {' '.join(map(str, args.seed))} repeats a seed; each would count its prompts twice")
     if args.task != "all" and args.task not in TASKS:
         raise ValueError(f"--task={args.task!r} is unknown; known: {sorted(TASKS)} or 'all'")
     directory = model_dir(args)
     model, tokenizer = load_model_and_tokenizer(directory, load_options(args))
     tasks = [get_task(n) for n in (EVAL_TASKS if args.task == "all" else [args.task])]
-    examples = eval_examples(args.limit, seed=args.seed, tasks=tasks)
+    examples = [e for seed in args.seed for e in eval_examples(args.limit, seed=seed, tasks=tasks)]
     report = evaluate(model, tokenizer, examples, model_name=str(directory), task=args.task,
                       threshold=args.threshold, block_size=args.block_size,
                       max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar,
                       enable_thinking=args.thinking, with_self_spec=args.self_spec)
+    print(f"seeds {' '.join(map(str, args.seed))}: {args.limit} prompts per task each")
     print("\n".join(report_lines(report)))
-    result = report.to_json()
+    result = report.to_json() | {"seeds": args.seed}
     if args.field_loss:
         from clover.evaluation.field_loss import field_loss_lines, field_losses
 

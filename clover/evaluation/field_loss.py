@@ -46,33 +46,52 @@ def token_fields(task, example: Example, answer_text: str, offsets: Sequence[tup
             for start, end in offsets]
 
 
+@dataclass
+class TeacherForced:
+    """One example's answer under teacher forcing: its text, each token's character span in it, the
+    target ids [n] and two logits [n, vocab]: causal (`ar`) and block mode with every block masked
+    (`diff`)."""
+
+    answer: str
+    offsets: list[tuple[int, int]]
+    targets: torch.Tensor
+    ar: torch.Tensor
+    diff: torch.Tensor
+
+
 @torch.inference_mode()
-def field_losses(model, tokenizer, examples: Sequence[Example], block_size: int | None = None,
-                 enable_thinking: bool | None = None) -> dict[str, dict[str, dict[str, float]]]:
-    """{task: {field: {"ar": nats, "diff": nats, "tokens": n}}} over `examples` (one at a time)."""
+def teacher_forced(model, tokenizer, example: Example, block_size: int,
+                   enable_thinking: bool | None = None) -> TeacherForced:
+    """The logits of both modes on `example`'s chat-formatted answer, given the clean prefix."""
     from clover.training.data import Pair, collate
     from clover.training.loss import stream_logits
 
-    block_size = block_size or getattr(model.generation_config, "block_size", 32)
     eos = tokenizer.convert_tokens_to_ids(IM_END)
     pad = tokenizer.pad_token_id
-    mask_id = model.config.mask_token_id
+    chat = format_chat(tokenizer, example, enable_thinking=enable_thinking)
+    prompt = tokenizer(chat.prompt, add_special_tokens=False).input_ids
+    answer = tokenizer(chat.answer, add_special_tokens=False, return_offsets_mapping=True)
+    batch = collate([Pair(tuple(prompt), tuple(answer.input_ids))], block_size, eos, pad, (eos, pad))
+    batch = batch.to(model.device)
+    noisy = batch.response_ids.masked_fill(batch.target_mask, model.config.mask_token_id)  # every block masked
+    logits = stream_logits(model, batch, noisy, block_size)
+    n = len(answer.input_ids)
+    return TeacherForced(chat.answer, list(answer["offset_mapping"]), batch.response_ids[0, :n],
+                         logits.ar[0, :n].float(), logits.diff[0, :n].float())
+
+
+def field_losses(model, tokenizer, examples: Sequence[Example], block_size: int | None = None,
+                 enable_thinking: bool | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """{task: {field: {"ar": nats, "diff": nats, "tokens": n}}} over `examples` (one at a time)."""
+    block_size = block_size or getattr(model.generation_config, "block_size", 32)
     sums: dict[str, dict[str, FieldLoss]] = {}
     tasks: dict[str, object] = {}
     for example in examples:
         task = tasks.setdefault(example.task, get_task(example.task))
-        chat = format_chat(tokenizer, example, enable_thinking=enable_thinking)
-        prompt = tokenizer(chat.prompt, add_special_tokens=False).input_ids
-        answer = tokenizer(chat.answer, add_special_tokens=False, return_offsets_mapping=True)
-        fields = token_fields(task, example, chat.answer, answer["offset_mapping"])
-        batch = collate([Pair(tuple(prompt), tuple(answer.input_ids))], block_size, eos, pad, (eos, pad))
-        batch = batch.to(model.device)
-        noisy = batch.response_ids.masked_fill(batch.target_mask, mask_id)  # every block fully masked
-        logits = stream_logits(model, batch, noisy, block_size)
-        n = len(answer.input_ids)
-        targets = batch.response_ids[0, :n]
-        ce_ar = F.cross_entropy(logits.ar[0, :n].float(), targets, reduction="none")
-        ce_diff = F.cross_entropy(logits.diff[0, :n].float(), targets, reduction="none")
+        forced = teacher_forced(model, tokenizer, example, block_size, enable_thinking)
+        fields = token_fields(task, example, forced.answer, forced.offsets)
+        ce_ar = F.cross_entropy(forced.ar, forced.targets, reduction="none")
+        ce_diff = F.cross_entropy(forced.diff, forced.targets, reduction="none")
         per_task = sums.setdefault(example.task, {})
         for field, ar, diff in zip(fields, ce_ar.tolist(), ce_diff.tolist()):
             acc = per_task.setdefault(field, FieldLoss())

@@ -60,8 +60,11 @@ def logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
 
 def run_python(code: str, cwd: Path, env: dict | None = None, timeout: int = 120) -> str:
     """Run `python -c code` in a fresh interpreter that cannot import this repo (cwd elsewhere, no
-    PYTHONPATH); return stdout, failing with stderr on a non-zero exit."""
-    full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | (env or {})
+    PYTHONPATH); return stdout, failing with stderr on a non-zero exit. It runs with this process's
+    torch thread count, so its logits can be compared bit for bit with ones computed here (the
+    kernels split their sums by thread count)."""
+    full_env = ({k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+                | {"OMP_NUM_THREADS": str(torch.get_num_threads())} | (env or {}))
     done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]

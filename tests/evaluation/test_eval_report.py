@@ -64,6 +64,23 @@ def test_eval_cli_json_last_line(model, tokenizer, tmp_path, capsys):
     assert json.loads(last)["n"] == 2
 
 
+def test_eval_cli_pools_several_seeds(model, tokenizer, tmp_path, capsys):
+    """`--seed 0 3` decodes both seeds' prompts into one report; a repeated seed is refused."""
+    from clover.cli.main import main
+
+    model.save_pretrained(tmp_path / "m")
+    save_tokenizer(tokenizer, tmp_path / "m")
+    args = ["eval", "--model", str(tmp_path / "m"), "--task", "record", "--limit", "1", "--max-new-tokens", "4",
+            "--no-ar", "--json", "--seed"]
+    assert main(args + ["0", "3"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["n"] == 2 and result["seeds"] == [0, 3]  # one prompt from each seed
+    assert "seeds 0 3: 1 prompts per task each" in out
+    assert main(args + ["3", "3"]) == 2
+    assert "--seed 3 3 repeats a seed" in capsys.readouterr().err
+
+
 def test_eval_cli_refuses_unknown_task(capsys):
     from clover.cli.main import main
 

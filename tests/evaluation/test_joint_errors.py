@@ -45,3 +45,17 @@ def test_each_part_of_a_derivation_line_is_told_apart():
         assert got == (kind, line, last), kind
     assert joint_errors.first_error(_output(lines, "1:yes"), example.reasoning) == ("answer", "1:yes", "")
     assert joint_errors.first_error(_output(lines[:-1], example.answer), example.reasoning)[0] == "format"
+
+
+def test_part_spans_cover_each_part_of_a_line_in_order():
+    """The teacher-forced table labels a line's characters by part: the spans are the parts' texts,
+    in order, and a base property's line has no rule part."""
+    example = _example()
+    for line in example.reasoning.splitlines():
+        spans = joint_errors.part_spans(line)
+        parts = [p for p in joint_errors.line_parts(line) if p]
+        assert [line[a:b] for _, a, b in spans] == parts
+        assert all(b1 <= a2 for (_, _, b1), (_, a2, _) in zip(spans, spans[1:]))
+        derived = "Anyone who is" in line
+        assert ("rule" in [p for p, _, _ in spans]) == derived
+        assert joint_errors.verdict_kind(line) == f"{'derived' if derived else 'base'} {line.rsplit(' ', 1)[1]}"
