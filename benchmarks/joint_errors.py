@@ -97,9 +97,9 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
     kinds = sorted({k[1] for k in lines if len(k) == 3 and k[1] not in PARTS})
     for part in [*PARTS, *kinds]:
         if lines["AR", part, "n"]:
-            rows.append(f"{part:<14}" + "".join(
-                f"{tokens[m, part] / tokens[m, part, 'n']:>{w}.3f}{lines[m, part]:>{v - 4}}/{lines[m, part, 'n']:<3}"
-                for m, w, v in (("AR", 10, 10), ("block", 14, 13))))
+            ar, block = ((f"{tokens[m, part] / tokens[m, part, 'n']:.3f}", f"{lines[m, part]}/{lines[m, part, 'n']}")
+                         for m in ("AR", "block"))
+            rows.append(f"{part:<14}{ar[0]:>10}{ar[1]:>10}{block[0]:>14}{block[1]:>13}")
     return rows
 
 
