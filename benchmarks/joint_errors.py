@@ -74,7 +74,7 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
     """Per part: token accuracy and lines all right, AR and block mode (see the module docstring)."""
     tokens, lines = Counter(), Counter()  # (mode, part) -> right; (mode, part, "n") -> total
     for example in examples:
-        forced = teacher_forced(model, tokenizer, example, model.generation_config.block_size, True)
+        forced = teacher_forced(model, tokenizer, example, enable_thinking=True)
         start = forced.answer.index(example.reasoning)
         spans = []  # (part, start, end, line index) in the answer text
         for i, line in enumerate(example.reasoning.splitlines()):

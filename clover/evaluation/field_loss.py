@@ -60,12 +60,14 @@ class TeacherForced:
 
 
 @torch.inference_mode()
-def teacher_forced(model, tokenizer, example: Example, block_size: int,
+def teacher_forced(model, tokenizer, example: Example, block_size: int | None = None,
                    enable_thinking: bool | None = None) -> TeacherForced:
-    """The logits of both modes on `example`'s chat-formatted answer, given the clean prefix."""
+    """The logits of both modes on `example`'s chat-formatted answer, given the clean prefix
+    (`block_size` defaults to the checkpoint's generation config, else 32)."""
     from clover.training.data import Pair, collate
     from clover.training.loss import stream_logits
 
+    block_size = block_size or getattr(model.generation_config, "block_size", 32)
     eos = tokenizer.convert_tokens_to_ids(IM_END)
     pad = tokenizer.pad_token_id
     chat = format_chat(tokenizer, example, enable_thinking=enable_thinking)
@@ -83,7 +85,6 @@ def teacher_forced(model, tokenizer, example: Example, block_size: int,
 def field_losses(model, tokenizer, examples: Sequence[Example], block_size: int | None = None,
                  enable_thinking: bool | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """{task: {field: {"ar": nats, "diff": nats, "tokens": n}}} over `examples` (one at a time)."""
-    block_size = block_size or getattr(model.generation_config, "block_size", 32)
     sums: dict[str, dict[str, FieldLoss]] = {}
     tasks: dict[str, object] = {}
     for example in examples:

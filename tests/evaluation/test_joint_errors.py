@@ -59,3 +59,24 @@ def test_part_spans_cover_each_part_of_a_line_in_order():
         derived = "Anyone who is" in line
         assert ("rule" in [p for p, _, _ in spans]) == derived
         assert joint_errors.verdict_kind(line) == f"{'derived' if derived else 'base'} {line.rsplit(' ', 1)[1]}"
+
+
+def test_teacher_forced_table_counts_every_line_once_per_part():
+    """On a tiny random model: each part's line count is the number of derivation lines that have it
+    (the rule only on derived lines), and the verdict kinds add up to the yes/no row."""
+    import torch
+
+    from clover.data import eval_examples, get_task, train_task_tokenizer
+    from tiny import tiny_model
+
+    tokenizer = train_task_tokenizer(vocab_size=300, n_examples=200, seed=0)
+    model = tiny_model(vocab_size=len(tokenizer), mask_token_id=tokenizer.convert_tokens_to_ids("<|mask|>"))
+    examples = eval_examples(2, seed=0, tasks=[get_task("joint")])
+    lines = [line for e in examples for line in e.reasoning.splitlines()]
+    with torch.inference_mode():
+        rows = joint_errors.teacher_forced_table(model, tokenizer, examples)
+    totals = {row.split()[0] if not row.startswith(("base", "derived")) else " ".join(row.split()[:2]):
+              int(row.split()[-1].split("/")[1]) for row in rows[1:]}
+    assert totals["question"] == totals["yes/no"] == len(lines)
+    assert totals.get("rule", 0) == sum("Anyone who is" in line for line in lines)
+    assert sum(n for part, n in totals.items() if part.startswith(("base", "derived"))) == len(lines)
