@@ -24,7 +24,7 @@ derived property; yes or no). Where decoding errors compound, this shows which s
 """
 
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -72,34 +72,35 @@ def verdict_kind(line: str) -> str:
 
 def teacher_forced_table(model, tokenizer, examples) -> list[str]:
     """Per part: token accuracy and lines all right, AR and block mode (see the module docstring)."""
-    tokens, lines = Counter(), Counter()  # (mode, part) -> right; (mode, part, "n") -> total
+    tokens = defaultdict(lambda: [0, 0])  # (mode, part) -> [right, total], over tokens
+    lines = defaultdict(lambda: [0, 0])  # (mode, part) -> [right, total], over derivation lines
     for example in examples:
         forced = teacher_forced(model, tokenizer, example, enable_thinking=True)
         start = forced.answer.index(example.reasoning)
         spans = []  # (part, start, end, line index) in the answer text
         for i, line in enumerate(example.reasoning.splitlines()):
             spans += [(part, start + a, start + b, i) for part, a, b in part_spans(line)]
-            spans.append((verdict_kind(line), *spans[-1][1:]))
+            spans.append((verdict_kind(line), *spans[-1][1:]))  # the verdict again, under its kind
             start += len(line) + 1
         for mode, logits in (("AR", forced.ar), ("block", forced.diff)):
             right = (logits.argmax(-1) == forced.targets).tolist()
-            line_right = {}
+            line_right = {}  # (part, line index) -> every token of it right so far
             for (a, b), ok in zip(forced.offsets, right):
                 for part, s, e, i in spans:
                     if a < e and b > s:
-                        tokens[mode, part] += ok
-                        tokens[mode, part, "n"] += 1
-                        line_right[part, i] = line_right.get((part, i), True) and bool(ok)
+                        tokens[mode, part][0] += ok
+                        tokens[mode, part][1] += 1
+                        line_right[part, i] = line_right.get((part, i), True) and ok
             for (part, _), ok in line_right.items():
-                lines[mode, part] += ok
-                lines[mode, part, "n"] += 1
+                lines[mode, part][0] += ok
+                lines[mode, part][1] += 1
     rows = [f"{'part':<14}{'AR tokens':>10}{'AR lines':>10}{'block tokens':>14}{'block lines':>13}"]
-    kinds = sorted({k[1] for k in lines if len(k) == 3 and k[1] not in PARTS})
+    kinds = sorted({part for _, part in lines} - set(PARTS))
     for part in [*PARTS, *kinds]:
-        if lines["AR", part, "n"]:
-            ar, block = ((f"{tokens[m, part] / tokens[m, part, 'n']:.3f}", f"{lines[m, part]}/{lines[m, part, 'n']}")
+        if ("AR", part) in lines:
+            ar, block = ((tokens[m, part][0] / tokens[m, part][1], "{}/{}".format(*lines[m, part]))
                          for m in ("AR", "block"))
-            rows.append(f"{part:<14}{ar[0]:>10}{ar[1]:>10}{block[0]:>14}{block[1]:>13}")
+            rows.append(f"{part:<14}{ar[0]:>10.3f}{ar[1]:>10}{block[0]:>14.3f}{block[1]:>13}")
     return rows
 
 

@@ -4,19 +4,8 @@ import json
 
 import pytest
 
-from clover.data import eval_examples, get_task, save_tokenizer, train_task_tokenizer
+from clover.data import eval_examples, get_task, save_tokenizer
 from clover.evaluation.run import DecodeSummary, EvalReport, evaluate, report_lines
-from tiny import tiny_model
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return train_task_tokenizer(vocab_size=300, n_examples=200, seed=0)
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    return tiny_model(vocab_size=len(tokenizer), mask_token_id=tokenizer.convert_tokens_to_ids("<|mask|>"))
 
 
 def test_evaluate_counts_both_modes(model, tokenizer):

@@ -4,6 +4,9 @@ import importlib.util
 import random
 from pathlib import Path
 
+import torch
+
+from clover.data import eval_examples, get_task
 from clover.data.tasks.joint import JointTask
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "joint_errors.py"
@@ -61,16 +64,9 @@ def test_part_spans_cover_each_part_of_a_line_in_order():
         assert joint_errors.verdict_kind(line) == f"{'derived' if derived else 'base'} {line.rsplit(' ', 1)[1]}"
 
 
-def test_teacher_forced_table_counts_every_line_once_per_part():
+def test_teacher_forced_table_counts_every_line_once_per_part(model, tokenizer):
     """On a tiny random model: each part's line count is the number of derivation lines that have it
     (the rule only on derived lines), and the verdict kinds add up to the yes/no row."""
-    import torch
-
-    from clover.data import eval_examples, get_task, train_task_tokenizer
-    from tiny import tiny_model
-
-    tokenizer = train_task_tokenizer(vocab_size=300, n_examples=200, seed=0)
-    model = tiny_model(vocab_size=len(tokenizer), mask_token_id=tokenizer.convert_tokens_to_ids("<|mask|>"))
     examples = eval_examples(2, seed=0, tasks=[get_task("joint")])
     lines = [line for e in examples for line in e.reasoning.splitlines()]
     with torch.inference_mode():
