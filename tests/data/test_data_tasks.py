@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from clover.data import eval_examples
 from clover.data.tasks import TASKS, Example, get_task, split_of
 from clover.data.tasks.airspace import AirspaceTask
 
@@ -111,6 +112,30 @@ def test_airspace_cancel_and_amend_apply():
                 zone = next(z for z in ex.meta["zones"] if z["id"] == zone_id)
                 assert zone["radius_km"] == _radius_km(line)
     assert seen_cancel and seen_amend
+
+
+def test_airspace_modifiers_last():
+    """With `modifiers_last=1` every modifier follows the last new zone; the option off draws nothing,
+    so default prompts are those of every earlier seed; out of range is refused."""
+    task = get_task("airspace", min_notices=6, max_notices=6, modifiers_last=1.0)
+    moved = 0
+    for seed in range(100):
+        lines = task.generate(seed, "train").prompt.splitlines()[1:]
+        is_modifier = ["CANCELLED" in line or "AMENDED" in line for line in lines]
+        assert is_modifier == sorted(is_modifier)  # no new zone after a modifier
+        moved += any(is_modifier)
+    assert moved > 50
+    # seed 3's third evaluation prompt, as BENCHMARKS.md's airspace section quotes it
+    third = eval_examples(40, seed=3, tasks=[get_task("airspace")])[2].prompt.splitlines()
+    assert third[1:] == ["NOTICE Z43: Temporary no-fly zone at South Port (6100 metres radius), 1315-1900.",
+                         "NOTICE Z47: Temporary no-fly zone at Green Valley (5.5 km radius), 05:00 to 07:00.",
+                         "NOTICE Z38: Temporary no-fly zone at Market Square (4900 m radius), 0800-1345.",
+                         "NOTICE Z47 CANCELLED, zone released."]
+    anywhere = [task.generate(s, "train").prompt for s in range(100)]
+    assert anywhere != [get_task("airspace", min_notices=6, max_notices=6).generate(s, "train").prompt
+                        for s in range(100)]
+    with pytest.raises(ValueError, match="modifiers_last=1.5"):
+        get_task("airspace", modifiers_last=1.5)
 
 
 def test_airspace_nautical_miles_rounding():

@@ -4,7 +4,11 @@ Prompt: an instruction line, then ``n`` notices (``min_notices <= n <= max_notic
 at most 20), one per line, as a notice feed would list them. ``m <= n // 2`` of them modify
 an earlier zone: ``NOTICE Zxx CANCELLED`` (zone dropped) or ``NOTICE Zxx AMENDED: radius
 now ...`` / ``... window now ...`` (that field replaced). A modifier always comes after the
-notice it modifies (not necessarily right after), and each zone gets at most one.
+notice it modifies (not necessarily right after), and each zone gets at most one. With
+``modifiers_last`` (a training option, 0 by default) that share of prompts lists every modifier
+after the last new zone, in random order, as a feed that publishes its amendments in a batch does:
+placed anywhere, about three modifiers in four come right after their own zone, so a model can
+learn to pin a modifier on the notice above it instead of on the zone its id names.
 
 Answer: compact JSON (no spaces), the active zones in the order their notices were issued,
 keys in the order ``id, location, radius_km, start, end``; ``radius_km`` has one decimal, times are
@@ -84,7 +88,7 @@ class AirspaceTask(Task):
     name = "airspace"
 
     def __init__(self, min_notices: int = 1, max_notices: int = 4, nautical_miles: bool = False,
-                 wordings: int = 1, time_forms: int = 2, reasoning: bool = True):
+                 wordings: int = 1, time_forms: int = 2, reasoning: bool = True, modifiers_last: float = 0.0):
         if not 1 <= min_notices <= max_notices <= MAX_NOTICES:
             raise ValueError(f"need 1 <= min_notices <= max_notices <= {MAX_NOTICES}, "
                              f"got {min_notices}..{max_notices}")
@@ -92,12 +96,15 @@ class AirspaceTask(Task):
             raise ValueError(f"wordings={wordings} must be in 1..{len(_ZONE_TEMPLATES)}")
         if not 1 <= time_forms <= timefmt.N_WINDOW_FORMS:
             raise ValueError(f"time_forms={time_forms} must be in 1..{timefmt.N_WINDOW_FORMS}")
+        if not 0.0 <= modifiers_last <= 1.0:
+            raise ValueError(f"modifiers_last={modifiers_last} must be in [0, 1]")
         self.min_notices = min_notices
         self.max_notices = max_notices
         self.nautical_miles = nautical_miles
         self.templates = _ZONE_TEMPLATES[:wordings]
         self.time_forms = time_forms
         self.reasoning = reasoning  # write each zone's fate in the think block (else an empty one)
+        self.modifiers_last = modifiers_last
 
     def sample(self, rng: random.Random) -> Example:
         n = rng.randint(self.min_notices, self.max_notices)
@@ -105,8 +112,10 @@ class AirspaceTask(Task):
         zones = self._zones(rng, n - n_mods)
         feed = [(z.id, self._zone_line(rng, z)) for z in zones]  # (zone id, notice line)
         modified: dict[str, str] = {}  # zone id -> "cancel" | "radius" | "window"
+        # (no draw when the option is off, so that default prompts stay those of every earlier seed)
+        last = self.modifiers_last > 0 and rng.random() < self.modifiers_last
         for zone in rng.sample(zones, n_mods):  # each modifier lands somewhere after its zone
-            after = [zone_id for zone_id, _ in feed].index(zone.id) + 1
+            after = len(zones) if last else [zone_id for zone_id, _ in feed].index(zone.id) + 1
             kind, line = self._modify(rng, zone)
             modified[zone.id] = kind
             feed.insert(rng.randint(after, len(feed)), (zone.id, line))

@@ -1,0 +1,162 @@
+"""Where the `airspace` task's wrong answers go wrong, for block diffusion and AR decoding.
+
+An `airspace` answer is derived in the think block, one line per zone notice in issue order that
+says what became of the zone (`Z47 cancelled.`, `Z53 amended.`, `Z43 active.`; see
+`clover.data.tasks.airspace`); the JSON then lists the zones left active with their fields, amended
+ones with the new value. For each wrong answer this finds the first part that differs from the target:
+
+  status   a zone's status line wrong (the modifier notice matched to the wrong zone, or missed)
+  lines    the status lines do not name the target's zones in order (one missing, extra, renamed)
+  zones    every status right, but the JSON lists other zones than the target
+  field    the zones right, a field value wrong (split: a value an amendment replaced, or a copied one)
+  json     the output is not valid JSON
+
+    python benchmarks/airspace_errors.py --limit 40 --seed 3
+
+Prints the first wrong part of each wrong answer, a table of kinds per decoding mode, and how the
+wrong status lines confuse one status for another.
+
+With `--teacher-forced` it decodes nothing: one pass per prompt over the target answer (the clean
+prefix given) tells how often the model's most likely token is the target's, for the status word of
+each line (by true status) and for the JSON values (those an amendment replaced, and the copied ones),
+causally (AR) and in block mode with the whole block masked (the first denoising step).
+"""
+
+import json
+import re
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+
+from clover.data import eval_examples, get_task
+from clover.data.tasks.base import clean_output
+from clover.evaluation.field_loss import teacher_forced
+from clover.evaluation.run import decode_all
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import embedded_probe_parser, load_probe_model  # noqa: E402
+
+KINDS = ("status", "lines", "zones", "field", "json")
+_STATUS_LINE = re.compile(r"^(Z\d+) (\w+)\.$")
+_AMENDED_FIELDS = {"radius": ("radius_km",), "window": ("start", "end")}
+
+
+def status_lines(think: str) -> list[tuple[str, str]] | None:
+    """`[(zone id, status)]` of a think block's lines, None if a line is not `Zxx status.`."""
+    parsed = [_STATUS_LINE.match(line.strip()) for line in think.strip().splitlines()]
+    return None if not all(parsed) else [m.groups() for m in parsed]
+
+
+def value_kind(meta: dict, zone_id: str, field: str) -> str:
+    """`amended` if a modifier notice replaced this field of this zone, else `copied`."""
+    return "amended" if field in _AMENDED_FIELDS.get(meta["modified"].get(zone_id, ""), ()) else "copied"
+
+
+def first_error(output: str, example) -> tuple[str, str]:
+    """`(kind, detail)` for a wrong answer `output` to an airspace `example`."""
+    think = output.split("</think>")[0].replace("<think>", "") if "</think>" in output else ""
+    got, want = status_lines(think), status_lines(example.reasoning)
+    if got is None or [z for z, _ in got] != [z for z, _ in want]:
+        return "lines", think.strip().replace("\n", " | ")
+    wrong = [(z, w, g) for (z, g), (_, w) in zip(got, want) if g != w]
+    if wrong:
+        return "status", ", ".join(f"{z} {w}->{g}" for z, w, g in wrong)
+    try:
+        parsed = json.loads(clean_output(output))
+    except ValueError:
+        return "json", clean_output(output)[:80]
+    target = example.meta["zones"]
+    if not isinstance(parsed, list) or [z.get("id") if isinstance(z, dict) else None for z in parsed] \
+            != [z["id"] for z in target]:
+        return "zones", json.dumps(parsed)[:80]
+    for zone, right in zip(parsed, target):
+        for field, value in right.items():
+            if zone.get(field) != value:
+                kind = value_kind(example.meta, right["id"], field)
+                return "field", f"{field} ({kind}) of {right['id']}: {zone.get(field)!r} for {value!r}"
+    return "field", "(no field differs)"
+
+
+def answer_spans(example, answer: str) -> list[tuple[str, int, int]]:
+    """`(row, start, end)` character spans in `answer` (the chat answer: think block, then JSON) of
+    each status word (row `status <status>`) and each JSON value (row `value amended|copied`)."""
+    spans = []
+    start = answer.index(example.reasoning)
+    for line in example.reasoning.splitlines():
+        zone_id, status = _STATUS_LINE.match(line).groups()
+        at = start + len(zone_id) + 1
+        spans.append((f"status {status}", at, at + len(status)))
+        start += len(line) + 1
+    start, zone_id = answer.rindex(example.answer), None
+    for field, a, b in get_task("airspace").field_spans(example):
+        if field == "id":
+            zone_id = example.answer[a:b]
+        spans.append((f"value {value_kind(example.meta, zone_id, field)}", start + a, start + b))
+    return spans
+
+
+def teacher_forced_table(model, tokenizer, examples) -> list[str]:
+    """Token accuracy of the status words by true status and of the JSON values by kind, AR and block."""
+    counts = defaultdict(lambda: [0, 0])  # (mode, row) -> [right, total] over tokens
+    for example in examples:
+        forced = teacher_forced(model, tokenizer, example, enable_thinking=True)
+        spans = answer_spans(example, forced.answer)
+        for mode, logits in (("AR", forced.ar), ("block", forced.diff)):
+            right = (logits.argmax(-1) == forced.targets).tolist()
+            for (a, b), ok in zip(forced.offsets, right):
+                for row, s, e in spans:
+                    if a < e and b > s:
+                        counts[mode, row][0] += ok
+                        counts[mode, row][1] += 1
+    rows = [f"{'part':<18}{'AR tokens':>10}{'block tokens':>14}{'tokens':>8}"]
+    for row in sorted({row for _, row in counts}):
+        ar, block = (counts[m, row][0] / counts[m, row][1] for m in ("AR", "block"))
+        rows.append(f"{row:<18}{ar:>10.3f}{block:>14.3f}{counts['AR', row][1]:>8}")
+    return rows
+
+
+def main() -> None:
+    parser = embedded_probe_parser(__doc__, limit_help="airspace prompts")
+    parser.add_argument("--quiet", action="store_true", help="only the tables")
+    parser.add_argument("--teacher-forced", action="store_true",
+                        help="no decoding: status-word and JSON-value accuracy on the target answer")
+    args = parser.parse_args()
+    path, model, tokenizer = load_probe_model(args)
+    task = get_task("airspace")
+    examples = eval_examples(args.limit, seed=args.seed, tasks=[task])
+    if args.teacher_forced:
+        print(f"model {path}, {len(examples)} airspace prompts (seed {args.seed}), teacher-forced, thinking on\n")
+        with torch.inference_mode():
+            print("\n".join(teacher_forced_table(model, tokenizer, examples)))
+        return
+    size, threshold = model.generation_config.block_size, model.generation_config.threshold
+    modes = {"block_diffusion": {"max_new_tokens": 512, "block_size": size, "threshold": threshold},
+             "ar": {"max_new_tokens": 512}}
+    print(f"model {path}, {len(examples)} airspace prompts (seed {args.seed}), thinking on, greedy\n")
+    with torch.inference_mode():
+        decoded = decode_all(model, tokenizer, examples, modes)
+    table, confusions = {}, {}
+    for mode, summary in decoded.items():
+        kinds, confused = table[mode], confusions[mode] = Counter(), Counter()
+        for example, text in zip(examples, summary.texts):
+            if task.score(example, text)["correct"]:
+                continue
+            kind, detail = first_error(text, example)
+            kinds[kind] += 1
+            if kind == "status":
+                confused.update(part.split(" ", 1)[1] for part in detail.split(", "))
+            if not args.quiet:
+                print(f"{mode} {kind}: {detail}")
+    print(f"\n{'mode':<16}{'right':>7}{'wrong':>7}" + "".join(f"{k:>8}" for k in KINDS))
+    for mode, kinds in table.items():
+        wrong = sum(kinds.values())
+        print(f"{mode:<16}{len(examples) - wrong:>7}{wrong:>7}" + "".join(f"{kinds[k]:>8}" for k in KINDS))
+    print("\nwrong status lines (target->output):")
+    for mode, confused in confusions.items():
+        print(f"  {mode:<16}" + ", ".join(f"{k} {n}" for k, n in confused.most_common()))
+
+
+if __name__ == "__main__":
+    main()
