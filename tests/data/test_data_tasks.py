@@ -164,6 +164,31 @@ def test_joint_answer_format():
     assert {len(wide.generate(seed, "train").answer.split()) for seed in range(300)} == set(range(2, 9))
 
 
+def test_joint_balanced_answers_do_not_follow_the_fact_line_length():
+    """Drawn uniformly, a base property asked of a pilot with one stated property is mostly "no" and
+    with two mostly "yes"; with `balanced` both are near even, and the option off draws nothing new."""
+    def yes_share(task):
+        counts = {1: [0, 0], 2: [0, 0]}  # stated properties -> [yes, questions] over base questions
+        for seed in range(600):
+            ex = task.generate(seed, "train")
+            for line in ex.reasoning.splitlines():
+                fact, verdict = line.split("? ")[1].split(". ")[0], line.rsplit(" ", 1)[1]
+                size = 0 if "none" in fact else fact.count(" and ") + fact.count(",") + 1
+                if "Anyone" not in line and size in counts:
+                    counts[size][0] += verdict == "yes"
+                    counts[size][1] += 1
+        return {size: yes / n for size, (yes, n) in counts.items()}
+
+    uniform, balanced = yes_share(get_task("joint")), yes_share(get_task("joint", balanced=True))
+    assert uniform[1] < 0.4 and uniform[2] > 0.6
+    assert 0.4 < balanced[1] < 0.6 and 0.4 < balanced[2] < 0.6
+    ex = get_task("joint", balanced=True, max_questions=8).generate(0, "train")
+    assert get_task("joint", balanced=True).score(ex, ex.answer)["correct"]
+    first = eval_examples(40, seed=3, tasks=[get_task("joint")])[0]  # as drawn before the option existed
+    assert first.answer == "1:no 2:no 3:yes 4:yes" and first.prompt.splitlines()[4:7] == [
+        "Fay is trained.", "Kim is insured.", "Ivy is trained."]
+
+
 def test_record_answer_mentions_every_field():
     ex = get_task("record").generate(3, "train")
     for value in ex.meta["fields"].values():

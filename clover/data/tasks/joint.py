@@ -18,6 +18,11 @@ rested is cleared. no``. Each step is one lookup: the question by its number, th
 by the name just copied, the rule by the property just copied; the answer is a check of the
 rule against the fact line written just before it, so a small model can follow it.
 
+With ``balanced`` (a training option, off by default) each question is drawn so that its answer
+is yes or no with equal odds, whatever the pilot's fact line holds. Drawn uniformly, a base property
+asked of a pilot with one stated property is "no" two times in three, and with two "yes" two times
+in three, so a model can answer by the length of the fact line instead of checking it.
+
 Answer: one line ``1:yes 2:no 3:yes``. Scoring parses ``<n>:yes|no`` pairs (first
 occurrence of each number counts): ``item_accuracy`` = right items / questions,
 ``correct`` iff every item is right and no other numbers were answered.
@@ -48,7 +53,7 @@ class JointTask(Task):
     name = "joint"
 
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
-                 chain: bool = False, reasoning: bool = True):
+                 chain: bool = False, reasoning: bool = True, balanced: bool = False):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
@@ -59,6 +64,7 @@ class JointTask(Task):
         self.max_rules = max_rules
         self.chain = chain
         self.reasoning = reasoning  # write the think-block derivation (else an empty think block)
+        self.balanced = balanced
 
     def sample(self, rng: random.Random) -> Example:
         base = rng.sample(_BASE, 3)
@@ -69,7 +75,11 @@ class JointTask(Task):
         people = rng.sample(FIRST_NAMES, n_people)
         facts = {p: {b for b in base if rng.random() < 0.55} for p in people}
         truth = {p: _closure(facts[p], rules) for p in people}
-        pairs = rng.sample([(i, j) for i in range(n_people) for j in range(len(props))], n_q)
+        every = [(i, j) for i in range(n_people) for j in range(len(props))]
+        if self.balanced:
+            pairs = _balanced_pairs(rng, every, lambda i, j: props[j] in truth[people[i]], len(base), n_q)
+        else:
+            pairs = rng.sample(every, n_q)
         pairs.sort()
         questions = [(people[i], props[j]) for i, j in pairs]
         answers = [prop in truth[p] for p, prop in questions]
@@ -112,6 +122,23 @@ def field_spans(example: Example) -> list[tuple[str, int, int]]:
     derived = example.meta.get("derived", [False] * len(example.meta["answers"]))
     return [("derived" if is_derived else "fact", m.start(2), m.end(2))
             for m, is_derived in zip(_PAIR.finditer(example.answer), derived)]
+
+
+def _balanced_pairs(rng: random.Random, every: list[tuple[int, int]], holds, n_base: int,
+                    n_q: int) -> list[tuple[int, int]]:
+    """``n_q`` distinct (pilot, property) index pairs out of ``every``: each draws a pilot, then a
+    kind (base or derived, as often as a uniform draw of that pilot's properties would), then yes or
+    no with equal odds while both are left, then a property; ``holds(i, j)`` is the answer."""
+    left, pairs = list(every), []
+    for _ in range(n_q):
+        pilot = rng.choice(sorted({i for i, _ in left}))
+        derived = rng.choice([j for i, j in left if i == pilot]) >= n_base
+        kind = [(i, j) for i, j in left if i == pilot and (j >= n_base) == derived]
+        answer = rng.choice(sorted({holds(i, j) for i, j in kind}))
+        pair = rng.choice([(i, j) for i, j in kind if holds(i, j) == answer])
+        left.remove(pair)
+        pairs.append(pair)
+    return pairs
 
 
 def _rules(rng: random.Random, base: list[str], max_rules: int, chain: bool) -> list[Rule]:
