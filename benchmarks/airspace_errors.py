@@ -18,7 +18,9 @@ wrong status lines confuse one status for another.
 
 With `--teacher-forced` it decodes nothing: one pass per prompt over the target answer (the clean
 prefix given) tells how often the model's most likely token is the target's, for the status word of
-each line (by true status) and for the JSON values (those an amendment replaced, and the copied ones),
+each line (by true status, and split by whether a modifier notice comes right after the zone's
+notice: a model that pins a modifier on the notice above it gets the `active, modifier next` and
+the `amended|cancelled, modifier apart` rows wrong) and for the JSON values (those an amendment replaced, and the copied ones),
 causally (AR) and in block mode with the whole block masked (the first denoising step).
 """
 
@@ -40,6 +42,7 @@ from common import embedded_probe_parser, load_probe_model  # noqa: E402
 
 KINDS = ("status", "lines", "zones", "field", "json")
 _STATUS_LINE = re.compile(r"^(Z\d+) (\w+)\.$")
+_MODIFIER = re.compile(r"^NOTICE Z\d+ (CANCELLED|AMENDED)")
 _AMENDED_FIELDS = {"radius": ("radius_km",), "window": ("start", "end")}
 
 
@@ -79,15 +82,26 @@ def first_error(output: str, example) -> tuple[str, str]:
     return "field", "(no field differs)"
 
 
+def modifier_next(example) -> dict[str, bool]:
+    """Zone id -> whether the notice right after the zone's own notice is a modifier (of any zone)."""
+    notices = example.prompt.splitlines()[1:]
+    is_modifier = [bool(_MODIFIER.match(line)) for line in notices] + [False]
+    return {line.split()[1].rstrip(":"): is_modifier[k + 1]
+            for k, line in enumerate(notices) if not is_modifier[k]}
+
+
 def answer_spans(example, answer: str) -> list[tuple[str, int, int]]:
     """`(row, start, end)` character spans in `answer` (the chat answer: think block, then JSON) of
-    each status word (row `status <status>`) and each JSON value (row `value amended|copied`)."""
-    spans = []
+    each status word (row `status <status>`, and again under `<status>, modifier next|apart`: whether
+    a modifier notice comes right after the zone's notice) and each JSON value (row `value
+    amended|copied`)."""
+    spans, next_to = [], modifier_next(example)
     start = answer.index(example.reasoning)
     for line in example.reasoning.splitlines():
         zone_id, status = _STATUS_LINE.match(line).groups()
         at = start + len(zone_id) + 1
         spans.append((f"status {status}", at, at + len(status)))
+        spans.append((f"{status}, modifier {'next' if next_to[zone_id] else 'apart'}", at, at + len(status)))
         start += len(line) + 1
     start, zone_id = answer.rindex(example.answer), None
     for field, a, b in get_task("airspace").field_spans(example):
@@ -110,10 +124,10 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
                     if a < e and b > s:
                         counts[mode, row][0] += ok
                         counts[mode, row][1] += 1
-    rows = [f"{'part':<18}{'AR tokens':>10}{'block tokens':>14}{'tokens':>8}"]
-    for row in sorted({row for _, row in counts}):
+    rows = [f"{'part':<26}{'AR tokens':>10}{'block tokens':>14}{'tokens':>8}"]
+    for row in sorted({row for _, row in counts}, key=lambda r: (r.startswith("value"), r)):
         ar, block = (counts[m, row][0] / counts[m, row][1] for m in ("AR", "block"))
-        rows.append(f"{row:<18}{ar:>10.3f}{block:>14.3f}{counts['AR', row][1]:>8}")
+        rows.append(f"{row:<26}{ar:>10.3f}{block:>14.3f}{counts['AR', row][1]:>8}")
     return rows
 
 

@@ -83,3 +83,13 @@ def test_teacher_forced_table_counts_every_status_token(model, tokenizer):
     for status, n in n_tokens.items():
         assert counts.get(f"status {status}", 0) == n * statuses.count(status)
     assert counts["value copied"] + counts.get("value amended", 0) >= 5 * sum(len(e.meta["zones"]) for e in examples)
+
+
+def test_modifier_next_marks_the_zone_right_above_a_modifier():
+    """Seed 3's third prompt: Z47 is cancelled by the last notice, which comes right after Z38's."""
+    example = eval_examples(40, seed=3, tasks=[get_task("airspace")])[2]
+    assert airspace_errors.modifier_next(example) == {"Z43": False, "Z47": False, "Z38": True}
+    answer = example.reasoning + "\n</think>\n\n" + example.answer
+    rows = [row for row, _, _ in airspace_errors.answer_spans(example, answer)]
+    assert rows[:6] == ["status active", "active, modifier apart", "status cancelled",
+                        "cancelled, modifier apart", "status active", "active, modifier next"]
