@@ -151,16 +151,21 @@ def main() -> None:
     print(f"model {path}, {len(examples)} airspace prompts (seed {args.seed}), thinking on, greedy\n")
     with torch.inference_mode():
         decoded = decode_all(model, tokenizer, examples, modes)
-    table, confusions = {}, {}
+    table, confusions, pinned = {}, {}, {}
     for mode, summary in decoded.items():
         kinds, confused = table[mode], confusions[mode] = Counter(), Counter()
+        pinned[mode] = [0, 0]  # active zones marked modified: [right above a modifier notice, all]
         for example, text in zip(examples, summary.texts):
             if task.score(example, text)["correct"]:
                 continue
             kind, detail = first_error(text, example)
             kinds[kind] += 1
             if kind == "status":
-                confused.update(part.split(" ", 1)[1] for part in detail.split(", "))
+                for zone_id, change in (part.split(" ", 1) for part in detail.split(", ")):
+                    confused[change] += 1
+                    if change.startswith("active->"):
+                        pinned[mode][0] += modifier_next(example)[zone_id]
+                        pinned[mode][1] += 1
             if not args.quiet:
                 print(f"{mode} {kind}: {detail}")
     print(f"\n{'mode':<16}{'right':>7}{'wrong':>7}" + "".join(f"{k:>8}" for k in KINDS))
@@ -170,6 +175,9 @@ def main() -> None:
     print("\nwrong status lines (target->output):")
     for mode, confused in confusions.items():
         print(f"  {mode:<16}" + ", ".join(f"{k} {n}" for k, n in confused.most_common()))
+    print("active zones marked modified, and of those the ones right above a modifier notice:")
+    for mode, (above, marked) in pinned.items():
+        print(f"  {mode:<16}{marked}, {above}")
 
 
 if __name__ == "__main__":

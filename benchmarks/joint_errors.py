@@ -20,7 +20,8 @@ With `--teacher-forced` it decodes nothing: one pass per prompt over the target 
 prefix given) tells, for each part, the share of its tokens the model predicts right (argmax) and
 the share of lines whose part it predicts right throughout, causally (AR) and in block mode with the
 whole block masked (the first denoising step); the verdicts are also split by kind (a base or a
-derived property; yes or no). Where decoding errors compound, this shows which step the model cannot do.
+derived property; yes or no) and by how many properties the fact line states (1 or 2 of 3: a model
+that answers by the line's length says "no" to one and "yes" to two). Where decoding errors compound, this shows which step the model cannot do.
 """
 
 import sys
@@ -70,6 +71,12 @@ def verdict_kind(line: str) -> str:
     return f"{'derived' if rules else 'base'} {verdict}"
 
 
+def stated(line: str) -> int:
+    """How many properties the pilot's fact line in a derivation line states (`Kim is a and b.`: 2)."""
+    fact = line_parts(line)[1]
+    return 0 if fact.endswith("has none of these") else fact.count(",") + fact.count(" and ") + 1
+
+
 def teacher_forced_table(model, tokenizer, examples) -> list[str]:
     """Per part: token accuracy and lines all right, AR and block mode (see the module docstring)."""
     tokens = defaultdict(lambda: [0, 0])  # (mode, part) -> [right, total], over tokens
@@ -81,6 +88,8 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
         for i, line in enumerate(example.reasoning.splitlines()):
             spans += [(part, start + a, start + b, i) for part, a, b in part_spans(line)]
             spans.append((verdict_kind(line), *spans[-1][1:]))  # the verdict again, under its kind
+            if 0 < stated(line) < 3:  # and by fact-line length where it alone does not decide a base one
+                spans.append((f"{verdict_kind(line)}, {stated(line)} stated", *spans[-1][1:]))
             start += len(line) + 1
         for mode, logits in (("AR", forced.ar), ("block", forced.diff)):
             right = (logits.argmax(-1) == forced.targets).tolist()
@@ -94,13 +103,13 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
             for (part, _), ok in line_right.items():
                 lines[mode, part][0] += ok
                 lines[mode, part][1] += 1
-    rows = [f"{'part':<14}{'AR tokens':>10}{'AR lines':>10}{'block tokens':>14}{'block lines':>13}"]
+    rows = [f"{'part':<22}{'AR tokens':>10}{'AR lines':>10}{'block tokens':>14}{'block lines':>13}"]
     kinds = sorted({part for _, part in lines} - set(PARTS))
     for part in [*PARTS, *kinds]:
         if ("AR", part) in lines:
             ar, block = ((tokens[m, part][0] / tokens[m, part][1], "{}/{}".format(*lines[m, part]))
                          for m in ("AR", "block"))
-            rows.append(f"{part:<14}{ar[0]:>10.3f}{ar[1]:>10}{block[0]:>14.3f}{block[1]:>13}")
+            rows.append(f"{part:<22}{ar[0]:>10.3f}{ar[1]:>10}{block[0]:>14.3f}{block[1]:>13}")
     return rows
 
 

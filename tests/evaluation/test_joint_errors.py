@@ -66,13 +66,24 @@ def test_part_spans_cover_each_part_of_a_line_in_order():
 
 def test_teacher_forced_table_counts_every_line_once_per_part(model, tokenizer):
     """On a tiny random model: each part's line count is the number of derivation lines that have it
-    (the rule only on derived lines), and the verdict kinds add up to the yes/no row."""
+    (the rule only on derived lines), the verdict kinds add up to the yes/no row, and the kinds split
+    by fact-line length count the lines that state 1 or 2 properties."""
     examples = eval_examples(2, seed=0, tasks=[get_task("joint")])
     lines = [line for e in examples for line in e.reasoning.splitlines()]
     with torch.inference_mode():
         rows = joint_errors.teacher_forced_table(model, tokenizer, examples)
-    totals = {row.split()[0] if not row.startswith(("base", "derived")) else " ".join(row.split()[:2]):
-              int(row.split()[-1].split("/")[1]) for row in rows[1:]}
+    totals = {row.rsplit(None, 4)[0]: int(row.split()[-1].split("/")[1]) for row in rows[1:]}
     assert totals["question"] == totals["yes/no"] == len(lines)
     assert totals.get("rule", 0) == sum("Anyone who is" in line for line in lines)
-    assert sum(n for part, n in totals.items() if part.startswith(("base", "derived"))) == len(lines)
+    kinds = [part for part in totals if part.startswith(("base", "derived"))]
+    assert sum(totals[k] for k in kinds if "stated" not in k) == len(lines)
+    for n in (1, 2):
+        assert sum(totals[k] for k in kinds if k.endswith(f"{n} stated")) == \
+            sum(joint_errors.stated(line) == n for line in lines)
+
+
+def test_stated_counts_the_properties_of_a_fact_line():
+    line = "2. Is Kim cleared? Kim is licensed, insured and rested. Anyone who is licensed is cleared. yes"
+    assert joint_errors.stated(line) == 3
+    assert joint_errors.stated("1. Is Kim insured? Kim is rested. no") == 1
+    assert joint_errors.stated("1. Is Kim insured? Kim has none of these. no") == 0
