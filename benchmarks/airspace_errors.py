@@ -30,15 +30,12 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import torch
-
-from clover.data import eval_examples, get_task
+from clover.data import get_task
 from clover.data.tasks.base import clean_output
 from clover.evaluation.field_loss import teacher_forced
-from clover.evaluation.run import decode_all
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import embedded_probe_parser, load_probe_model  # noqa: E402
+from common import decode_task_errors  # noqa: E402
 
 KINDS = ("status", "lines", "zones", "field", "json")
 _STATUS_LINE = re.compile(r"^(Z\d+) (\w+)\.$")
@@ -132,25 +129,10 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
 
 
 def main() -> None:
-    parser = embedded_probe_parser(__doc__, limit_help="airspace prompts")
-    parser.add_argument("--quiet", action="store_true", help="only the tables")
-    parser.add_argument("--teacher-forced", action="store_true",
-                        help="no decoding: status-word and JSON-value accuracy on the target answer")
-    args = parser.parse_args()
-    path, model, tokenizer = load_probe_model(args)
-    task = get_task("airspace")
-    examples = eval_examples(args.limit, seed=args.seed, tasks=[task])
-    if args.teacher_forced:
-        print(f"model {path}, {len(examples)} airspace prompts (seed {args.seed}), teacher-forced, thinking on\n")
-        with torch.inference_mode():
-            print("\n".join(teacher_forced_table(model, tokenizer, examples)))
+    probe = decode_task_errors(__doc__, "airspace", teacher_forced_table)
+    if probe is None:
         return
-    size, threshold = model.generation_config.block_size, model.generation_config.threshold
-    modes = {"block_diffusion": {"max_new_tokens": 512, "block_size": size, "threshold": threshold},
-             "ar": {"max_new_tokens": 512}}
-    print(f"model {path}, {len(examples)} airspace prompts (seed {args.seed}), thinking on, greedy\n")
-    with torch.inference_mode():
-        decoded = decode_all(model, tokenizer, examples, modes)
+    args, task, examples, decoded = probe
     table, confusions, pinned = {}, {}, {}
     for mode, summary in decoded.items():
         kinds, confused = table[mode], confusions[mode] = Counter(), Counter()

@@ -106,6 +106,39 @@ def embedded_probe_parser(doc: str, limit: int = 40, limit_help: str = "prompts 
     return parser
 
 
+def decode_task_errors(doc: str, task_name: str, teacher_forced_table):
+    """The shared half of a task's error probe (`joint_errors.py`, `airspace_errors.py`): parse the
+    probe options plus --quiet and --teacher-forced, load the model and draw the task's prompts.
+    With --teacher-forced print `teacher_forced_table(model, tokenizer, examples)`'s rows and return
+    None; else decode every prompt greedily by block diffusion (the checkpoint's block size and
+    threshold) and AR, interleaved, and return `(args, task, examples, {mode: DecodeSummary})`."""
+    import torch
+
+    from clover.data import eval_examples, get_task
+    from clover.evaluation.run import decode_all
+
+    parser = embedded_probe_parser(doc, limit_help=f"{task_name} prompts")
+    parser.add_argument("--quiet", action="store_true", help="only the tables")
+    parser.add_argument("--teacher-forced", action="store_true",
+                        help="no decoding: per-part accuracy on the target answer (see above)")
+    args = parser.parse_args()
+    path, model, tokenizer = load_probe_model(args)
+    task = get_task(task_name)
+    examples = eval_examples(args.limit, seed=args.seed, tasks=[task])
+    what = f"{len(examples)} {task_name} prompts (seed {args.seed})"
+    if args.teacher_forced:
+        print(f"model {path}, {what}, teacher-forced, thinking on\n")
+        with torch.inference_mode():
+            print("\n".join(teacher_forced_table(model, tokenizer, examples)))
+        return None
+    size, threshold = model.generation_config.block_size, model.generation_config.threshold
+    modes = {"block_diffusion": {"max_new_tokens": 512, "block_size": size, "threshold": threshold},
+             "ar": {"max_new_tokens": 512}}
+    print(f"model {path}, {what}, thinking on, greedy\n")
+    with torch.inference_mode():
+        return args, task, examples, decode_all(model, tokenizer, examples, modes)
+
+
 def load_probe_model(args):
     """(path, model, tokenizer) for a probe's `args`: fp32 on CPU with `args.threads` threads."""
     import torch

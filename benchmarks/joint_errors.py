@@ -28,14 +28,10 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import torch
-
-from clover.data import eval_examples, get_task
 from clover.evaluation.field_loss import teacher_forced
-from clover.evaluation.run import decode_all
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import embedded_probe_parser, load_probe_model  # noqa: E402
+from common import decode_task_errors  # noqa: E402
 
 KINDS = ("question", "fact", "rule", "yes/no", "answer", "format")
 
@@ -131,25 +127,10 @@ def first_error(output: str, reasoning: str) -> tuple[str, str, str]:
 
 
 def main() -> None:
-    parser = embedded_probe_parser(__doc__, limit_help="joint prompts")
-    parser.add_argument("--quiet", action="store_true", help="only the table")
-    parser.add_argument("--teacher-forced", action="store_true",
-                        help="no decoding: per-part accuracy on the target derivation")
-    args = parser.parse_args()
-    path, model, tokenizer = load_probe_model(args)
-    task = get_task("joint")
-    examples = eval_examples(args.limit, seed=args.seed, tasks=[task])
-    if args.teacher_forced:
-        print(f"model {path}, {len(examples)} joint prompts (seed {args.seed}), teacher-forced, thinking on\n")
-        with torch.inference_mode():
-            print("\n".join(teacher_forced_table(model, tokenizer, examples)))
+    probe = decode_task_errors(__doc__, "joint", teacher_forced_table)
+    if probe is None:
         return
-    size, threshold = model.generation_config.block_size, model.generation_config.threshold
-    modes = {"block_diffusion": {"max_new_tokens": 512, "block_size": size, "threshold": threshold},
-             "ar": {"max_new_tokens": 512}}
-    print(f"model {path}, {len(examples)} joint prompts (seed {args.seed}), thinking on, greedy\n")
-    with torch.inference_mode():
-        decoded = decode_all(model, tokenizer, examples, modes)
+    args, task, examples, decoded = probe
     table = {}
     for mode, summary in decoded.items():
         kinds = table[mode] = Counter()
