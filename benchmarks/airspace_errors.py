@@ -35,7 +35,7 @@ from clover.data.tasks.base import clean_output
 from clover.evaluation.field_loss import teacher_forced
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import decode_task_errors  # noqa: E402
+from common import decode_task_errors, kinds_table  # noqa: E402
 
 KINDS = ("status", "lines", "zones", "field", "json")
 _STATUS_LINE = re.compile(r"^(Z\d+) (\w+)\.$")
@@ -150,10 +150,7 @@ def main() -> None:
                         pinned[mode][1] += 1
             if not args.quiet:
                 print(f"{mode} {kind}: {detail}")
-    print(f"\n{'mode':<16}{'right':>7}{'wrong':>7}" + "".join(f"{k:>8}" for k in KINDS))
-    for mode, kinds in table.items():
-        wrong = sum(kinds.values())
-        print(f"{mode:<16}{len(examples) - wrong:>7}{wrong:>7}" + "".join(f"{kinds[k]:>8}" for k in KINDS))
+    print("\n" + "\n".join(kinds_table(table, len(examples), KINDS, 8)))
     print("\nwrong status lines (target->output):")
     for mode, confused in confusions.items():
         print(f"  {mode:<16}" + ", ".join(f"{k} {n}" for k, n in confused.most_common()))

@@ -139,6 +139,16 @@ def decode_task_errors(doc: str, task_name: str, teacher_forced_table):
         return args, task, examples, decode_all(model, tokenizer, examples, modes)
 
 
+def kinds_table(table: dict, n: int, kinds: tuple[str, ...], width: int) -> list[str]:
+    """Rows of an error probe's table: per mode, the prompts right and wrong of `n`, and the wrong ones
+    by kind (`table`: mode -> Counter of kinds)."""
+    rows = [f"{'mode':<16}{'right':>7}{'wrong':>7}" + "".join(f"{k:>{width}}" for k in kinds)]
+    for mode, counts in table.items():
+        wrong = sum(counts.values())
+        rows.append(f"{mode:<16}{n - wrong:>7}{wrong:>7}" + "".join(f"{counts[k]:>{width}}" for k in kinds))
+    return rows
+
+
 def load_probe_model(args):
     """(path, model, tokenizer) for a probe's `args`: fp32 on CPU with `args.threads` threads."""
     import torch

@@ -31,7 +31,7 @@ from pathlib import Path
 from clover.evaluation.field_loss import teacher_forced
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import decode_task_errors  # noqa: E402
+from common import decode_task_errors, kinds_table  # noqa: E402
 
 KINDS = ("question", "fact", "rule", "yes/no", "answer", "format")
 
@@ -141,10 +141,7 @@ def main() -> None:
             kinds[kind] += 1
             if not args.quiet:
                 print(f"{mode} {kind}:\n  got:    {got}\n  target: {want}")
-    print(f"\n{'mode':<16}{'right':>7}{'wrong':>7}" + "".join(f"{k:>10}" for k in KINDS))
-    for mode, kinds in table.items():
-        wrong = sum(kinds.values())
-        print(f"{mode:<16}{len(examples) - wrong:>7}{wrong:>7}" + "".join(f"{kinds[k]:>10}" for k in KINDS))
+    print("\n" + "\n".join(kinds_table(table, len(examples), KINDS, 10)))
 
 
 if __name__ == "__main__":
