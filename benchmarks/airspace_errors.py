@@ -31,6 +31,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from clover.data import get_task
+from clover.data.tasks.airspace import AMENDED_FIELDS
 from clover.data.tasks.base import clean_output
 from clover.evaluation.field_loss import teacher_forced
 
@@ -40,7 +41,6 @@ from common import decode_task_errors, kinds_table  # noqa: E402
 KINDS = ("status", "lines", "zones", "field", "json")
 _STATUS_LINE = re.compile(r"^(Z\d+) (\w+)\.$")
 _MODIFIER = re.compile(r"^NOTICE Z\d+ (CANCELLED|AMENDED)")
-_AMENDED_FIELDS = {"radius": ("radius_km",), "window": ("start", "end")}
 
 
 def status_lines(think: str) -> list[tuple[str, str]] | None:
@@ -51,7 +51,7 @@ def status_lines(think: str) -> list[tuple[str, str]] | None:
 
 def value_kind(meta: dict, zone_id: str, field: str) -> str:
     """`amended` if a modifier notice replaced this field of this zone, else `copied`."""
-    return "amended" if field in _AMENDED_FIELDS.get(meta["modified"].get(zone_id, ""), ()) else "copied"
+    return "amended" if field in AMENDED_FIELDS.get(meta["modified"].get(zone_id, ""), ()) else "copied"
 
 
 def first_error(output: str, example) -> tuple[str, str]:
@@ -113,14 +113,10 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
     counts = defaultdict(lambda: [0, 0])  # (mode, row) -> [right, total] over tokens
     for example in examples:
         forced = teacher_forced(model, tokenizer, example, enable_thinking=True)
-        spans = answer_spans(example, forced.answer)
-        for mode, logits in (("AR", forced.ar), ("block", forced.diff)):
-            right = (logits.argmax(-1) == forced.targets).tolist()
-            for (a, b), ok in zip(forced.offsets, right):
-                for row, s, e in spans:
-                    if a < e and b > s:
-                        counts[mode, row][0] += ok
-                        counts[mode, row][1] += 1
+        for row, start, end in answer_spans(example, forced.answer):
+            for mode, hits in forced.hits(start, end).items():
+                counts[mode, row][0] += sum(hits)
+                counts[mode, row][1] += len(hits)
     rows = [f"{'part':<26}{'AR tokens':>10}{'block tokens':>14}{'tokens':>8}"]
     for row in sorted({row for _, row in counts}, key=lambda r: (r.startswith("value"), r)):
         ar, block = (counts[m, row][0] / counts[m, row][1] for m in ("AR", "block"))

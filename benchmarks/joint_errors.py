@@ -80,25 +80,21 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
     for example in examples:
         forced = teacher_forced(model, tokenizer, example, enable_thinking=True)
         start = forced.answer.index(example.reasoning)
-        spans = []  # (part, start, end, line index) in the answer text
-        for i, line in enumerate(example.reasoning.splitlines()):
-            spans += [(part, start + a, start + b, i) for part, a, b in part_spans(line)]
-            spans.append((verdict_kind(line), *spans[-1][1:]))  # the verdict again, under its kind
-            if 0 < stated(line) < 3:  # and by fact-line length where it alone does not decide a base one
-                spans.append((f"{verdict_kind(line)}, {stated(line)} stated", *spans[-1][1:]))
+        spans = []  # (part, start, end) in the answer text, one per part of each line
+        for line in example.reasoning.splitlines():
+            spans += [(part, start + a, start + b) for part, a, b in part_spans(line)]
+            kind, n_stated = verdict_kind(line), stated(line)
+            spans.append((kind, *spans[-1][1:]))  # the verdict again, under its kind
+            if 0 < n_stated < 3:  # and by fact-line length where it alone does not decide a base one
+                spans.append((f"{kind}, {n_stated} stated", *spans[-1][1:]))
             start += len(line) + 1
-        for mode, logits in (("AR", forced.ar), ("block", forced.diff)):
-            right = (logits.argmax(-1) == forced.targets).tolist()
-            line_right = {}  # (part, line index) -> every token of it right so far
-            for (a, b), ok in zip(forced.offsets, right):
-                for part, s, e, i in spans:
-                    if a < e and b > s:
-                        tokens[mode, part][0] += ok
-                        tokens[mode, part][1] += 1
-                        line_right[part, i] = line_right.get((part, i), True) and ok
-            for (part, _), ok in line_right.items():
-                lines[mode, part][0] += ok
-                lines[mode, part][1] += 1
+        for part, s, e in spans:
+            for mode, hits in forced.hits(s, e).items():
+                tokens[mode, part][0] += sum(hits)
+                tokens[mode, part][1] += len(hits)
+                if hits:
+                    lines[mode, part][0] += all(hits)
+                    lines[mode, part][1] += 1
     rows = [f"{'part':<22}{'AR tokens':>10}{'AR lines':>10}{'block tokens':>14}{'block lines':>13}"]
     kinds = sorted({part for _, part in lines} - set(PARTS))
     for part in [*PARTS, *kinds]:

@@ -58,6 +58,17 @@ class TeacherForced:
     ar: torch.Tensor
     diff: torch.Tensor
 
+    def __post_init__(self):
+        # mode -> whether each token's argmax is its target
+        self.right = {mode: (logits.argmax(-1) == self.targets).tolist()
+                      for mode, logits in (("AR", self.ar), ("block", self.diff))}
+
+    def hits(self, start: int, end: int) -> dict[str, list[bool]]:
+        """Per mode ("AR", "block"): whether each token overlapping characters [start, end) of the
+        answer is predicted right (argmax)."""
+        inside = [k for k, (a, b) in enumerate(self.offsets) if a < end and b > start]
+        return {mode: [right[k] for k in inside] for mode, right in self.right.items()}
+
 
 @torch.inference_mode()
 def teacher_forced(model, tokenizer, example: Example, block_size: int | None = None,

@@ -207,6 +207,7 @@ def _coordinates(rng: random.Random) -> str:
 
 
 FIELDS = ("id", "location", "radius_km", "start", "end")
+AMENDED_FIELDS = {"radius": ("radius_km",), "window": ("start", "end")}  # modifier kind -> fields it replaces
 _VALUE = re.compile(r'"(id|location|radius_km|start|end)":"?([^",}]*)')
 
 
@@ -217,14 +218,13 @@ def _field_scores(parsed: list[Any], meta: dict[str, Any]) -> dict[str, list[int
     match no target zone."""
     by_id = {z.get("id"): z for z in parsed if isinstance(z, dict)}
     counts = {name: [0, 0] for name in (*FIELDS, "amended", "cancelled", "no_extra")}
-    amended = {"radius": ("radius_km",), "window": ("start", "end")}
     for zone in meta["zones"]:
         got = by_id.get(zone["id"], {})
         for name in FIELDS:
             right = name in got and got[name] == zone[name]
             counts[name][0] += right
             counts[name][1] += 1
-            if name in amended.get(meta.get("modified", {}).get(zone["id"], ""), ()):
+            if name in AMENDED_FIELDS.get(meta.get("modified", {}).get(zone["id"], ""), ()):
                 counts["amended"][0] += right
                 counts["amended"][1] += 1
     for zone_id, kind in meta.get("modified", {}).items():
