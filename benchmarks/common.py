@@ -94,12 +94,15 @@ def write_section(path: Path, title: str, lines: list[str]) -> None:
 
 def embedded_probe_parser(doc: str, limit: int = 40, limit_help: str = "prompts per task", seed: int = 1):
     """An argument parser with what every probe of the embedded model takes: --model (default: the
-    embedded model), --limit, --seed (the evaluation split) and --threads."""
+    embedded model), --checkpoint, --limit, --seed (the evaluation split) and --threads."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--checkpoint", default=None,
+                        help="a trainer checkpoint (OUT/checkpoints/step-N) whose weights replace "
+                             "--model's, to judge a run while it trains")
     parser.add_argument("--limit", type=int, default=limit, help=limit_help)
     parser.add_argument("--seed", type=int, default=seed, help="evaluation split seed")
     parser.add_argument("--threads", type=int, default=1)
@@ -121,11 +124,17 @@ def decode_task_errors(doc: str, task_name: str, teacher_forced_table):
     parser.add_argument("--quiet", action="store_true", help="only the tables")
     parser.add_argument("--teacher-forced", action="store_true",
                         help="no decoding: per-part accuracy on the target answer (see above)")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=JSON",
+                        help=f"a {task_name} task option for the prompts (repeatable), e.g. "
+                             f"{OPTION_EXAMPLES[task_name]}")
     args = parser.parse_args()
+    try:
+        task = get_task(task_name, **task_options(args.option))
+    except (TypeError, ValueError) as error:
+        raise SystemExit(f"--option: {error}") from None
     path, model, tokenizer = load_probe_model(args)
-    task = get_task(task_name)
     examples = eval_examples(args.limit, seed=args.seed, tasks=[task])
-    what = f"{len(examples)} {task_name} prompts (seed {args.seed})"
+    what = f"{len(examples)} {task_name} prompts (seed {args.seed}{''.join(f', {o}' for o in args.option)})"
     if args.teacher_forced:
         print(f"model {path}, {what}, teacher-forced, thinking on\n")
         with torch.inference_mode():
@@ -139,6 +148,25 @@ def decode_task_errors(doc: str, task_name: str, teacher_forced_table):
         return args, task, examples, decode_all(model, tokenizer, examples, modes)
 
 
+OPTION_EXAMPLES = {"joint": "balanced=true", "airspace": "modifiers_last=1.0 --option min_notices=4"}
+
+
+def task_options(pairs: list[str]) -> dict:
+    """`["balanced=true", "min_notices=4"]` -> `{"balanced": True, "min_notices": 4}` (values as JSON)."""
+    import json
+
+    options = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            if not (name and sep):
+                raise ValueError(pair)
+            options[name] = json.loads(value)
+        except ValueError:  # json.JSONDecodeError is one
+            raise SystemExit(f"--option {pair!r}: expected NAME=JSON, e.g. balanced=true or min_notices=4") from None
+    return options
+
+
 def kinds_table(table: dict, n: int, kinds: tuple[str, ...], width: int) -> list[str]:
     """Rows of an error probe's table: per mode, the prompts right and wrong of `n`, and the wrong ones
     by kind (`table`: mode -> Counter of kinds)."""
@@ -150,11 +178,18 @@ def kinds_table(table: dict, n: int, kinds: tuple[str, ...], width: int) -> list
 
 
 def load_probe_model(args):
-    """(path, model, tokenizer) for a probe's `args`: fp32 on CPU with `args.threads` threads."""
+    """(path, model, tokenizer) for a probe's `args`: fp32 on CPU with `args.threads` threads; with
+    `args.checkpoint` the trainer checkpoint's weights in `args.model`'s architecture."""
     import torch
 
     torch.set_num_threads(args.threads)
-    return embedded_fp32(args.model)
+    path, model, tokenizer = embedded_fp32(args.model)
+    if args.checkpoint:
+        from clover.training.checkpointing import load_model_tensors
+
+        model.load_state_dict(load_model_tensors(args.checkpoint), strict=True)
+        path = args.checkpoint
+    return path, model, tokenizer
 
 
 def embedded_fp32(model_dir=None):

@@ -1,0 +1,48 @@
+"""The error probes' `--option` (task options for their prompts) and `--checkpoint` (a trainer
+checkpoint's weights, to judge a run while it trains), in `benchmarks/common.py`."""
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from clover.training.checkpointing import save_checkpoint
+from clover.training.distributed import DistInfo
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "common.py"
+_SPEC = importlib.util.spec_from_file_location("probe_common", _PATH)
+common = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(common)
+
+
+def test_task_options_are_json_values():
+    assert common.task_options(["balanced=true", "min_notices=4", "modifiers_last=0.5"]) == {
+        "balanced": True, "min_notices": 4, "modifiers_last": 0.5}
+    assert common.task_options([]) == {}
+
+
+@pytest.mark.parametrize("pair", ["balanced", "=1", "min_notices=four"])
+def test_a_malformed_option_is_refused_by_name(pair):
+    with pytest.raises(SystemExit, match=repr(pair)):
+        common.task_options([pair])
+
+
+def test_checkpoint_weights_replace_the_models(tmp_path, model, tokenizer):
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    trained = type(model).from_pretrained(tmp_path / "model")
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(0.01)
+    optimizer = torch.optim.AdamW(trained.parameters())
+    step = save_checkpoint(tmp_path / "run", 7, trained, optimizer, {"step": 7}, DistInfo())
+    args = argparse.Namespace(model=str(tmp_path / "model"), checkpoint=str(step), threads=1)
+    path, loaded, _ = common.load_probe_model(args)
+    assert path == str(step)
+    for name, p in trained.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], p, rtol=0, atol=0, msg=name)
+    plain = common.load_probe_model(argparse.Namespace(model=str(tmp_path / "model"), checkpoint=None,
+                                                       threads=1))[1]
+    assert not torch.equal(plain.model.embed_tokens.weight, loaded.model.embed_tokens.weight)
