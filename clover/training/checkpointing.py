@@ -171,9 +171,12 @@ def load_model_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     tests): reassembled from every rank's shards."""
     from safetensors import safe_open
 
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no checkpoint here (no *.safetensors files)")
     out: dict[str, torch.Tensor] = {}
     pieces: dict[str, list] = {}
-    for file in sorted(Path(path).glob("*.safetensors")):
+    for file in files:
         with safe_open(str(file), framework="pt") as f:
             info = json.loads((f.metadata() or {}).get("DCP_SHARDING_INFO", "{}"))
             for key in f.keys():

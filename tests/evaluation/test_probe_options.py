@@ -46,3 +46,12 @@ def test_checkpoint_weights_replace_the_models(tmp_path, model, tokenizer):
     plain = common.load_probe_model(argparse.Namespace(model=str(tmp_path / "model"), checkpoint=None,
                                                        threads=1))[1]
     assert not torch.equal(plain.model.embed_tokens.weight, loaded.model.embed_tokens.weight)
+
+
+def test_a_checkpoint_path_without_one_is_refused_by_name(tmp_path, model, tokenizer):
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    missing = tmp_path / "run" / "checkpoints" / "step-0000400"
+    args = argparse.Namespace(model=str(tmp_path / "model"), checkpoint=str(missing), threads=1)
+    with pytest.raises(FileNotFoundError, match=f"{missing}: no checkpoint here"):
+        common.load_probe_model(args)
