@@ -1,0 +1,121 @@
+"""Can a small Clover model learn `joint`'s base check, and what in the text makes it hard?
+
+The embedded model answers `joint`'s base questions by the length of the pilot's fact line instead of
+checking whether the asked property is in it (`joint_errors.py --teacher-forced`). This probe trains
+a fresh 4-layer Clover model (GDN, attention, GDN, attention; hidden 96) from scratch on that one
+check, in a synthetic layout of one-token words, and reports held-out accuracy as it trains:
+
+    prompt   one fact line per pilot:   N is p and q .          (1-3 pilots, 0-3 of 3 properties)
+    question                            Is N X ?
+    check    plain:  N is p and q .     (the fact line copied, as `joint`'s derivation does)
+             marked: [ p q ]            (the properties between brackets seen nowhere else)
+    answer   yes or no, predicted at the last position (half of each, as `JointTask(balanced=True)`)
+
+With `--spaces` a space token follows every word, as the task tokenizer writes text (it never
+merges a space into a word). "1-2 stated" is the accuracy on fact lines of one or two properties,
+where the line's length alone does not decide the answer (chance: 0.5).
+
+    python benchmarks/membership_probe.py --layout marked [--spaces] [--steps 600] [--seed 0]
+
+About 0.2-0.5 s a step on one core (batch 64).
+"""
+
+import argparse
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from clover.model import CloverMoeConfig, CloverMoeForCausalLM
+
+
+PAD, IS, AND, DOT, ASK, QMARK, OPEN, CLOSE, YES, NO, SPACE = range(11)
+PROPERTIES = tuple(range(16, 22))  # 6, as `joint` draws its 3 base properties from
+NAMES = tuple(range(24, 44))
+VOCAB = 48
+
+
+def fact_line(name: int, held: list[int]) -> list[int]:
+    """`N is p and q .` (`N is .` when the pilot holds nothing)."""
+    props = [t for p in held for t in (p, AND)][:-1]
+    return [name, IS, *props, DOT]
+
+
+def sample(rng: random.Random, layout: str, spaces: bool) -> tuple[list[int], int, int]:
+    """(tokens, YES or NO, properties the asked pilot's fact line states)."""
+    base = rng.sample(PROPERTIES, 3)
+    names = rng.sample(NAMES, rng.randint(1, 3))
+    facts = {n: [p for p in base if rng.random() < 0.55] for n in names}
+    name = rng.choice(names)
+    held = facts[name]
+    yes = len(held) == 3 or (bool(held) and rng.random() < 0.5)
+    asked = rng.choice(held if yes else [p for p in base if p not in held])
+    tokens = [t for n in names for t in fact_line(n, facts[n])] + [ASK, name, asked, QMARK]
+    tokens += fact_line(name, held) if layout == "plain" else [OPEN, *held, CLOSE]
+    if spaces:
+        tokens = [t for word in tokens for t in (word, SPACE)]
+    return tokens, YES if yes else NO, len(held)
+
+
+def batch(rng: random.Random, n: int, layout: str, spaces: bool):
+    """Left-padded token ids [n, T], attention mask [n, T], answers [n], stated counts [n]."""
+    samples = [sample(rng, layout, spaces) for _ in range(n)]
+    width = max(len(tokens) for tokens, _, _ in samples)
+    ids = torch.full((n, width), PAD)
+    mask = torch.zeros(n, width, dtype=torch.long)
+    for row, (tokens, _, _) in enumerate(samples):
+        ids[row, width - len(tokens):] = torch.tensor(tokens)
+        mask[row, width - len(tokens):] = 1
+    answers = torch.tensor([a for _, a, _ in samples])
+    stated = torch.tensor([s for _, _, s in samples])
+    return ids, mask, answers, stated
+
+
+def small_model(seed: int) -> CloverMoeForCausalLM:
+    torch.manual_seed(seed)
+    config = CloverMoeConfig(
+        vocab_size=VOCAB, hidden_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=24, linear_value_head_dim=24, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=96, mask_token_id=VOCAB - 1,
+        layer_types=["linear_attention", "full_attention"] * 2, max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True)
+    return CloverMoeForCausalLM(config)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layout", choices=("plain", "marked"), default="plain")
+    parser.add_argument("--spaces", action="store_true", help="a space token after every word")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model = small_model(args.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    ids, mask, answers, stated = batch(random.Random(12345), 1024, args.layout, args.spaces)
+    undecided = (stated == 1) | (stated == 2)
+    rng, start = random.Random(args.seed + 1), time.time()
+    print(f"layout {args.layout}, spaces {'on' if args.spaces else 'off'}, seed {args.seed}, lr {args.lr}, "
+          f"batch 64, {args.threads} thread(s); held-out: 1024 prompts")
+    for step in range(1, args.steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * min(1.0, step / 20)
+        x, m, y, _ = batch(rng, 64, args.layout, args.spaces)
+        loss = F.cross_entropy(model(x, attention_mask=m).logits[:, -1], y)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % 50 == 0:
+            with torch.no_grad():
+                right = model(ids, attention_mask=mask).logits[:, -1, [YES, NO]].argmax(-1) == (answers == NO)
+            print(f"step {step:>5}  loss {loss.item():.3f}  accuracy {right.float().mean():.3f}  "
+                  f"1-2 stated {right[undecided].float().mean():.3f}  ({time.time() - start:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""`benchmarks/membership_probe.py`'s synthetic prompts ask what `joint`'s base check asks."""
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "membership_probe.py"
+_SPEC = importlib.util.spec_from_file_location("membership_probe", _PATH)
+probe = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(probe)
+
+
+def _check(tokens: list[int], layout: str) -> tuple[int, int, list[int]]:
+    """(asked pilot, asked property, properties the check after the question lists)."""
+    ask = tokens.index(probe.ASK)
+    name, asked, qmark = tokens[ask + 1: ask + 4]
+    assert qmark == probe.QMARK
+    check = tokens[ask + 4:]
+    if layout == "plain":
+        assert check[:2] == [name, probe.IS] and check[-1] == probe.DOT
+        return name, asked, [t for t in check[2:-1] if t != probe.AND]
+    assert check[0] == probe.OPEN and check[-1] == probe.CLOSE
+    return name, asked, check[1:-1]
+
+
+@pytest.mark.parametrize("layout", ["plain", "marked"])
+def test_the_answer_is_whether_the_asked_property_is_in_the_pilots_fact_line(layout):
+    rng, answers = random.Random(0), []
+    for _ in range(300):
+        tokens, answer, stated = probe.sample(rng, layout, spaces=False)
+        name, asked, listed = _check(tokens, layout)
+        prompt_line = tokens[tokens.index(name):tokens.index(probe.DOT, tokens.index(name)) + 1]
+        assert prompt_line == probe.fact_line(name, listed)  # the check copies the pilot's own line
+        assert answer == (probe.YES if asked in listed else probe.NO)
+        assert stated == len(listed)
+        answers.append(answer)
+    assert 0.4 < answers.count(probe.YES) / len(answers) < 0.75
+
+
+def test_spaces_follow_every_word_and_change_nothing_else():
+    for seed in range(20):
+        plain, answer, stated = probe.sample(random.Random(seed), "marked", spaces=False)
+        spaced = probe.sample(random.Random(seed), "marked", spaces=True)
+        assert spaced[0][0::2] == plain and set(spaced[0][1::2]) == {probe.SPACE}
+        assert spaced[1:] == (answer, stated)
+
+
+def test_batches_are_left_padded_so_the_answer_is_predicted_at_the_last_position():
+    ids, mask, answers, stated = probe.batch(random.Random(1), 8, "plain", spaces=True)
+    assert ids.shape == mask.shape and ids.shape[0] == 8 == len(answers) == len(stated)
+    assert bool(mask[:, -1].all()) and bool((ids[mask == 0] == probe.PAD).all())
+    assert bool((ids[:, -1] == probe.SPACE).all())
+    logits = probe.small_model(0)(ids, attention_mask=mask).logits
+    assert logits.shape == (*ids.shape, probe.VOCAB) and torch.isfinite(logits).all()
