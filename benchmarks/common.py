@@ -109,6 +109,26 @@ def embedded_probe_parser(doc: str, limit: int = 40, limit_help: str = "prompts 
     return parser
 
 
+OPTION_EXAMPLES = {"joint": "balanced=true", "airspace": "modifiers_last=1.0 --option min_notices=4"}
+
+
+def task_options(pairs: list[str]) -> dict:
+    """`["balanced=true", "min_notices=4"]` -> `{"balanced": True, "min_notices": 4}` (values as JSON)."""
+    return dict(_task_option(pair) for pair in pairs)
+
+
+def _task_option(pair: str) -> tuple[str, object]:
+    import json
+
+    name, sep, value = pair.partition("=")
+    if name and sep:
+        try:
+            return name, json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    raise SystemExit(f"--option {pair!r}: expected NAME=JSON, e.g. balanced=true or min_notices=4")
+
+
 def decode_task_errors(doc: str, task_name: str, teacher_forced_table):
     """The shared half of a task's error probe (`joint_errors.py`, `airspace_errors.py`): parse the
     probe options plus --quiet and --teacher-forced, load the model and draw the task's prompts.
@@ -146,25 +166,6 @@ def decode_task_errors(doc: str, task_name: str, teacher_forced_table):
     print(f"model {path}, {what}, thinking on, greedy\n")
     with torch.inference_mode():
         return args, task, examples, decode_all(model, tokenizer, examples, modes)
-
-
-OPTION_EXAMPLES = {"joint": "balanced=true", "airspace": "modifiers_last=1.0 --option min_notices=4"}
-
-
-def task_options(pairs: list[str]) -> dict:
-    """`["balanced=true", "min_notices=4"]` -> `{"balanced": True, "min_notices": 4}` (values as JSON)."""
-    import json
-
-    options = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        try:
-            if not (name and sep):
-                raise ValueError(pair)
-            options[name] = json.loads(value)
-        except ValueError:  # json.JSONDecodeError is one
-            raise SystemExit(f"--option {pair!r}: expected NAME=JSON, e.g. balanced=true or min_notices=4") from None
-    return options
 
 
 def kinds_table(table: dict, n: int, kinds: tuple[str, ...], width: int) -> list[str]:

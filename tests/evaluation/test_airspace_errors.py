@@ -1,20 +1,16 @@
 """`benchmarks/airspace_errors.py` names the first part of an `airspace` answer that went wrong."""
 
-import importlib.util
 import json
 import random
-from pathlib import Path
 
 import torch
 
 from clover.data import eval_examples, get_task
 from clover.data.corpus import format_chat
 from clover.data.tasks.airspace import AirspaceTask
+from benchmark_script import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "airspace_errors.py"
-_SPEC = importlib.util.spec_from_file_location("airspace_errors", _PATH)
-airspace_errors = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(airspace_errors)
+airspace_errors = load_benchmark("airspace_errors")
 
 
 def _example():

@@ -1,18 +1,14 @@
 """`benchmarks/joint_errors.py` names the first part of a `joint` derivation that went wrong."""
 
-import importlib.util
 import random
-from pathlib import Path
 
 import torch
 
 from clover.data import eval_examples, get_task
 from clover.data.tasks.joint import JointTask
+from benchmark_script import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "joint_errors.py"
-_SPEC = importlib.util.spec_from_file_location("joint_errors", _PATH)
-joint_errors = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(joint_errors)
+joint_errors = load_benchmark("joint_errors")
 
 
 def _example():

@@ -1,16 +1,13 @@
 """`benchmarks/membership_probe.py`'s synthetic prompts ask what `joint`'s base check asks."""
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 import torch
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "membership_probe.py"
-_SPEC = importlib.util.spec_from_file_location("membership_probe", _PATH)
-probe = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(probe)
+from benchmark_script import load_benchmark
+
+probe = load_benchmark("membership_probe")
 
 
 def _check(tokens: list[int], layout: str) -> tuple[int, int, list[int]]:

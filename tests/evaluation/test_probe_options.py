@@ -2,19 +2,15 @@
 checkpoint's weights, to judge a run while it trains), in `benchmarks/common.py`."""
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 from clover.training.checkpointing import save_checkpoint
 from clover.training.distributed import DistInfo
+from benchmark_script import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "common.py"
-_SPEC = importlib.util.spec_from_file_location("probe_common", _PATH)
-common = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(common)
+common = load_benchmark("common")
 
 
 def test_task_options_are_json_values():
