@@ -109,9 +109,6 @@ def embedded_probe_parser(doc: str, limit: int = 40, limit_help: str = "prompts 
     return parser
 
 
-OPTION_EXAMPLES = {"joint": "balanced=true", "airspace": "modifiers_last=1.0 --option min_notices=4"}
-
-
 def task_options(pairs: list[str]) -> dict:
     """`["balanced=true", "min_notices=4"]` -> `{"balanced": True, "min_notices": 4}` (values as JSON)."""
     return dict(_task_option(pair) for pair in pairs)
@@ -146,7 +143,7 @@ def decode_task_errors(doc: str, task_name: str, teacher_forced_table):
                         help="no decoding: per-part accuracy on the target answer (see above)")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=JSON",
                         help=f"a {task_name} task option for the prompts (repeatable), e.g. "
-                             f"{OPTION_EXAMPLES[task_name]}")
+                             "balanced=true or min_notices=4")
     args = parser.parse_args()
     try:
         task = get_task(task_name, **task_options(args.option))

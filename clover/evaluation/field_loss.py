@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -58,10 +59,12 @@ class TeacherForced:
     ar: torch.Tensor
     diff: torch.Tensor
 
-    def __post_init__(self):
-        # mode -> whether each token's argmax is its target
-        self.right = {mode: (logits.argmax(-1) == self.targets).tolist()
-                      for mode, logits in (("AR", self.ar), ("block", self.diff))}
+    @cached_property
+    def right(self) -> dict[str, list[bool]]:
+        """Per mode ("AR", "block"): whether each token's argmax is its target (computed on first
+        use: `field_losses` needs only the logits)."""
+        return {mode: (logits.argmax(-1) == self.targets).tolist()
+                for mode, logits in (("AR", self.ar), ("block", self.diff))}
 
     def hits(self, start: int, end: int) -> dict[str, list[bool]]:
         """Per mode ("AR", "block"): whether each token overlapping characters [start, end) of the
