@@ -8,6 +8,7 @@ target derivation:
   question   the question copied wrong
   fact       the wrong fact line (lookup by the pilot's name)
   rule       the wrong rule line(s) (lookup by the property)
+  checks     the written checks wrong (task option `checks`: each condition against the fact line)
   yes/no     every line right up to a wrong yes/no (the check of the lines just written)
   answer     the derivation right, the final answer line wrong
   format     a line missing, extra or unparsable
@@ -21,9 +22,12 @@ prefix given) tells, for each part, the share of its tokens the model predicts r
 the share of lines whose part it predicts right throughout, causally (AR) and in block mode with the
 whole block masked (the first denoising step); the verdicts are also split by kind (a base or a
 derived property; yes or no) and by how many properties the fact line states (1 or 2 of 3: a model
-that answers by the line's length says "no" to one and "yes" to two). Where decoding errors compound, this shows which step the model cannot do.
+that answers by the line's length says "no" to one and "yes" to two), and the yes/no words of
+written checks are counted as `check yes` and `check no`. Where decoding errors compound, this shows
+which step the model cannot do.
 """
 
+import re
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -33,21 +37,26 @@ from clover.evaluation.field_loss import teacher_forced
 sys.path.insert(0, str(Path(__file__).parent))
 from common import decode_task_errors, kinds_table  # noqa: E402
 
-KINDS = ("question", "fact", "rule", "yes/no", "answer", "format")
+KINDS = ("question", "fact", "rule", "checks", "yes/no", "answer", "format")
+CHECK_WORD = re.compile(r"\b(yes|no)\b")
 
 
-def line_parts(line: str) -> tuple[str, str, str, str] | None:
-    """`(question, fact line, rule lines, yes/no)` of one derivation line, None if unparsable:
-    `2. Is Kim cleared? Kim is rested. Anyone who is licensed and rested is cleared. no`."""
+def line_parts(line: str) -> tuple[str, str, str, str, str] | None:
+    """`(question, fact line, rule lines, checks, yes/no)` of one derivation line, None if
+    unparsable: `2. Is Kim cleared? Kim is rested. Anyone who is licensed and rested is cleared.
+    licensed: rested no. no` (the checks, `licensed: rested no.`, start at the first word before
+    a colon; empty without the `checks` task option)."""
     question, sep, rest = line.partition("? ")
     fact, sep2, rest = rest.partition(". ")
     if not (sep and sep2):
         return None
-    rules, _, verdict = rest.rpartition(" ")
-    return question, fact, rules, verdict
+    body, _, verdict = rest.rpartition(" ")
+    colon = body.find(":")
+    split = len(body) if colon < 0 else body.rfind(" ", 0, colon) + 1
+    return question, fact, body[:split].rstrip(), body[split:], verdict
 
 
-PARTS = KINDS[:4]
+PARTS = KINDS[:5]
 
 
 def part_spans(line: str) -> list[tuple[str, int, int]]:
@@ -63,7 +72,7 @@ def part_spans(line: str) -> list[tuple[str, int, int]]:
 
 def verdict_kind(line: str) -> str:
     """`base yes`, `derived no`, ...: what a derivation line decides, and its answer."""
-    _, _, rules, verdict = line_parts(line)
+    _, _, rules, _, verdict = line_parts(line)
     return f"{'derived' if rules else 'base'} {verdict}"
 
 
@@ -82,11 +91,15 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
         start = forced.answer.index(example.reasoning)
         spans = []  # (part, start, end) in the answer text, one per part of each line
         for line in example.reasoning.splitlines():
-            spans += [(part, start + a, start + b) for part, a, b in part_spans(line)]
+            parts = part_spans(line)
+            spans += [(part, start + a, start + b) for part, a, b in parts]
             kind, n_stated = verdict_kind(line), stated(line)
             spans.append((kind, *spans[-1][1:]))  # the verdict again, under its kind
             if 0 < n_stated < 3:  # and by fact-line length where it alone does not decide a base one
                 spans.append((f"{kind}, {n_stated} stated", *spans[-1][1:]))
+            for a, b in (span[1:] for span in parts if span[0] == "checks"):  # each written check's yes/no
+                spans += [(f"check {m[1]}", start + m.start(), start + m.end())
+                          for m in CHECK_WORD.finditer(line, a, b)]
             start += len(line) + 1
         for part, s, e in spans:
             for mode, hits in forced.hits(s, e).items():

@@ -189,6 +189,42 @@ def test_joint_balanced_answers_do_not_follow_the_fact_line_length():
         "Fay is trained.", "Kim is insured.", "Ivy is trained."]
 
 
+def test_joint_checks_write_each_condition_against_the_fact_line():
+    """With `checks`, each line checks the asked property (or the rule's conditions, in order) against
+    the fact line's properties one by one, until found, stopping after a condition not found; the
+    last check's word is the answer. The option changes nothing else: same prompts and answers, and
+    the same lines with the checks taken out."""
+    plain, checked = get_task("joint", balanced=True), get_task("joint", balanced=True, checks=True)
+    seen = set()
+    for seed in range(200):
+        a, b = plain.generate(seed, "train"), checked.generate(seed, "train")
+        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta)
+        for line, with_checks in zip(a.reasoning.splitlines(), b.reasoning.splitlines()):
+            head, verdict = line.rsplit(" ", 1)
+            checks = with_checks[len(head) + 1: -len(verdict) - 1]
+            assert with_checks == f"{head} {checks} {verdict}" if checks else with_checks == line
+            fact = line.split("? ")[1].split(". ")[0]
+            held = [] if "none" in fact else fact.split(" is ", 1)[1].replace(" and ", ", ").split(", ")
+            rule = head.split("Anyone who is ")[-1].split(" is ")[0] if "Anyone" in head else None
+            conditions = rule.replace(" and ", ", ").split(", ") if rule else [line.split(" ")[3][:-1]]
+            if not held:
+                assert checks == ""
+                continue
+            words = []
+            for condition, sentence in zip(conditions, checks.split(". ")):
+                name, _, tried = sentence.rstrip(".").partition(": ")
+                pairs = [t.split(" ") for t in tried.split(", ")]
+                assert name == condition and [h for h, _ in pairs] == held[:len(pairs)]
+                assert [w for _, w in pairs] == ["yes" if h == condition else "no" for h, _ in pairs]
+                assert pairs[-1][1] == "yes" or len(pairs) == len(held)  # stops once found
+                words.append(pairs[-1][1])
+            assert words[-1] == verdict and "no" not in words[:-1]  # stops after a condition not found
+            seen.add((len(words), verdict))
+    assert {(1, "yes"), (1, "no"), (2, "yes"), (2, "no")} <= seen
+    with pytest.raises(ValueError, match="chain=True"):
+        get_task("joint", checks=True, chain=True)
+
+
 def test_record_answer_mentions_every_field():
     ex = get_task("record").generate(3, "train")
     for value in ex.meta["fields"].values():

@@ -2,6 +2,7 @@
 
 import random
 
+import pytest
 import torch
 
 from clover.data import eval_examples, get_task
@@ -11,9 +12,9 @@ from benchmark_script import load_benchmark
 joint_errors = load_benchmark("joint_errors")
 
 
-def _example():
+def _example(**options):
     """A joint example whose last question is about a derived property (it has a rule line)."""
-    task, rng = JointTask(min_questions=3, max_questions=4), random.Random(0)
+    task, rng = JointTask(min_questions=3, max_questions=4, **options), random.Random(0)
     while True:
         example = task.sample(rng)
         if example.meta["derived"][-1]:
@@ -24,14 +25,16 @@ def _output(lines, answer):
     return "<think>\n" + "\n".join(lines) + "\n</think>\n\n" + answer
 
 
-def test_each_part_of_a_derivation_line_is_told_apart():
-    example = _example()
+@pytest.mark.parametrize("checks", [False, True])
+def test_each_part_of_a_derivation_line_is_told_apart(checks):
+    example = _example(checks=checks)
     lines = example.reasoning.splitlines()
     last = lines[-1]
     verdict = last.rsplit(" ", 1)[1]
     flipped = {"yes": "no", "no": "yes"}[verdict]
-    question, fact, rules, _ = joint_errors.line_parts(last)
-    assert rules.startswith("Anyone who is") and verdict in ("yes", "no")
+    question, fact, rules, written, _ = joint_errors.line_parts(last)
+    assert rules.startswith("Anyone who is") and rules.endswith(".") and verdict in ("yes", "no")
+    assert (":" in written) == checks and ("Anyone" not in written)
     wrong = {
         "question": last.replace(question, question + "x", 1),
         "fact": last.replace(fact, fact + " and tired", 1),
@@ -39,6 +42,8 @@ def test_each_part_of_a_derivation_line_is_told_apart():
         "yes/no": last[: -len(verdict)] + flipped,
         "format": "3 Is",
     }
+    if checks:
+        wrong["checks"] = last.replace(written, written.replace(":", ": tired no,", 1), 1)
     for kind, line in wrong.items():
         got = joint_errors.first_error(_output(lines[:-1] + [line], example.answer), example.reasoning)
         assert got == (kind, line, last), kind
@@ -46,10 +51,11 @@ def test_each_part_of_a_derivation_line_is_told_apart():
     assert joint_errors.first_error(_output(lines[:-1], example.answer), example.reasoning)[0] == "format"
 
 
-def test_part_spans_cover_each_part_of_a_line_in_order():
+@pytest.mark.parametrize("checks", [False, True])
+def test_part_spans_cover_each_part_of_a_line_in_order(checks):
     """The teacher-forced table labels a line's characters by part: the spans are the parts' texts,
     in order, and a base property's line has no rule part."""
-    example = _example()
+    example = _example(checks=checks)
     for line in example.reasoning.splitlines():
         spans = joint_errors.part_spans(line)
         parts = [p for p in joint_errors.line_parts(line) if p]
@@ -60,11 +66,13 @@ def test_part_spans_cover_each_part_of_a_line_in_order():
         assert joint_errors.verdict_kind(line) == f"{'derived' if derived else 'base'} {line.rsplit(' ', 1)[1]}"
 
 
-def test_teacher_forced_table_counts_every_line_once_per_part(model, tokenizer):
+@pytest.mark.parametrize("checks", [False, True])
+def test_teacher_forced_table_counts_every_line_once_per_part(model, tokenizer, checks):
     """On a tiny random model: each part's line count is the number of derivation lines that have it
-    (the rule only on derived lines), the verdict kinds add up to the yes/no row, and the kinds split
-    by fact-line length count the lines that state 1 or 2 properties."""
-    examples = eval_examples(2, seed=0, tasks=[get_task("joint")])
+    (the rule only on derived lines), the verdict kinds add up to the yes/no row, the kinds split
+    by fact-line length count the lines that state 1 or 2 properties, and (with `checks`) the
+    check words add up to the yes/no words written in the checks."""
+    examples = eval_examples(2, seed=0, tasks=[get_task("joint", checks=checks)])
     lines = [line for e in examples for line in e.reasoning.splitlines()]
     with torch.inference_mode():
         rows = joint_errors.teacher_forced_table(model, tokenizer, examples)
@@ -76,6 +84,10 @@ def test_teacher_forced_table_counts_every_line_once_per_part(model, tokenizer):
     for n in (1, 2):
         assert sum(totals[k] for k in kinds if k.endswith(f"{n} stated")) == \
             sum(joint_errors.stated(line) == n for line in lines)
+    written = [joint_errors.line_parts(line)[3] for line in lines]
+    assert totals.get("checks", 0) == sum(map(bool, written)) and (totals.get("checks", 0) > 0) == checks
+    assert sum(totals.get(f"check {w}", 0) for w in ("yes", "no")) == sum(
+        len(joint_errors.CHECK_WORD.findall(text)) for text in written)
 
 
 def test_stated_counts_the_properties_of_a_fact_line():

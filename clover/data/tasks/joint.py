@@ -18,6 +18,14 @@ rested is cleared. no``. Each step is one lookup: the question by its number, th
 by the name just copied, the rule by the property just copied; the answer is a check of the
 rule against the fact line written just before it, so a small model can follow it.
 
+With ``checks`` (a training option, off by default) each line also writes the check out before the
+answer: each condition (the asked base property, or the rule's conditions in order) against the fact
+line's properties one by one, until it is found or the line ends, and no further once a condition
+fails: ``4. Is Mia cleared? Mia is licensed and rested. Anyone who is insured and rested is cleared.
+insured: licensed no, rested no. no``. Each check compares the word just copied from the fact line
+with the condition written a few tokens before, and the answer is the last check's, so no step
+needs the whole fact line at once (without it the model learns to answer by the line's length).
+
 With ``balanced`` (a training option, off by default) each question is drawn so that its answer
 is yes or no with equal odds, whatever the pilot's fact line holds. Drawn uniformly, a base property
 asked of a pilot with one stated property is "no" two times in three, and with two "yes" two times
@@ -53,18 +61,22 @@ class JointTask(Task):
     name = "joint"
 
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
-                 chain: bool = False, reasoning: bool = True, balanced: bool = False):
+                 chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: bool = False):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
         if max_rules not in (2, 3):
             raise ValueError(f"max_rules must be 2 or 3, got {max_rules}")
+        if checks and (chain or not reasoning):
+            raise ValueError(f"checks needs reasoning=True and chain=False (a chained condition is not "
+                             f"in the fact line), got reasoning={reasoning}, chain={chain}")
         self.min_questions = min_questions
         self.max_questions = max_questions
         self.max_rules = max_rules
         self.chain = chain
         self.reasoning = reasoning  # write the think-block derivation (else an empty think block)
         self.balanced = balanced
+        self.checks = checks  # write each condition's check against the fact line before the answer
 
     def sample(self, rng: random.Random) -> Example:
         base = rng.sample(_BASE, 3)
@@ -87,10 +99,20 @@ class JointTask(Task):
         answer = " ".join(f"{k}:{_yn(a)}" for k, a in enumerate(answers, 1))
         derived = [prop in dict(rules) for _, prop in questions]
         reasoning = "\n".join(
-            f"{k}. Is {p} {prop}? {_fact_line(p, facts[p], base)} "
-            f"{''.join(_rule_line(r) + ' ' for r in _rules_behind(prop, rules))}{_yn(a)}"
+            self._derivation_line(k, p, prop, a, facts[p], base, rules)
             for k, ((p, prop), a) in enumerate(zip(questions, answers), 1)) if self.reasoning else ""
         return Example(prompt, answer, self.name, {"answers": answers, "derived": derived}, reasoning)
+
+    def _derivation_line(self, k: int, pilot: str, prop: str, answer: bool, held: set[str],
+                         base: list[str], rules: list[Rule]) -> str:
+        """``2. Is Kim cleared? Kim is rested. Anyone who is licensed and rested is cleared. no``:
+        the question, the fact line, the rule(s) behind the property, [the checks,] the answer."""
+        behind = _rules_behind(prop, rules)
+        words = [f"{k}. Is {pilot} {prop}?", _fact_line(pilot, held, base), *map(_rule_line, behind)]
+        if self.checks:
+            conditions = behind[0][1] if behind else (prop,)
+            words.append(_checks([b for b in base if b in held], conditions))
+        return " ".join(w for w in [*words, _yn(answer)] if w)
 
     def field_spans(self, example: Example) -> list[tuple[str, int, int]]:
         """``(field, start, end)`` spans of the yes/no words in ``example.answer``."""
@@ -182,6 +204,24 @@ def _rules_behind(prop: str, rules: list[Rule]) -> list[Rule]:
 def _rule_line(rule: Rule) -> str:
     derived, conds = rule
     return f"Anyone who is {_join(conds)} is {derived}."
+
+
+def _checks(held_in_order: list[str], conditions: tuple[str, ...]) -> str:
+    """``insured: licensed no, insured yes. rested: licensed no, insured no. rested no.``... : each
+    condition against the stated properties in order until found, stopping after the first condition
+    not found; empty when nothing is stated. The answer is then the last check's."""
+    found_all, lines = True, []
+    for condition in conditions:
+        if not held_in_order or not found_all:
+            break
+        checks = []
+        for held in held_in_order:
+            checks.append(f"{held} {_yn(held == condition)}")
+            if held == condition:
+                break
+        found_all = condition in held_in_order
+        lines.append(f"{condition}: {', '.join(checks)}.")
+    return " ".join(lines)
 
 
 def _fact_line(person: str, held: set[str], base: list[str]) -> str:
