@@ -39,12 +39,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import decode_task_errors, kinds_table  # noqa: E402
 
 KINDS = ("status", "lines", "zones", "field", "json")
-_STATUS_LINE = re.compile(r"^(Z\d+) (\w+)\.$")
+_STATUS_LINE = re.compile(r"^(?:Z\d+: (?:Z\d+ no, )*)?(Z\d+) (\w+)\.$")  # checks (task option) first
 _MODIFIER = re.compile(r"^NOTICE Z\d+ (CANCELLED|AMENDED)")
 
 
 def status_lines(think: str) -> list[tuple[str, str]] | None:
-    """`[(zone id, status)]` of a think block's lines, None if a line is not `Zxx status.`."""
+    """`[(zone id, status)]` of a think block's lines, None if a line is not `Zxx status.` (after
+    the checks `Zxx: Zyy no, ` with the task option `checks`)."""
     parsed = [_STATUS_LINE.match(line.strip()) for line in think.strip().splitlines()]
     return None if not all(parsed) else [m.groups() for m in parsed]
 
@@ -95,8 +96,9 @@ def answer_spans(example, answer: str) -> list[tuple[str, int, int]]:
     spans, next_to = [], modifier_next(example)
     start = answer.index(example.reasoning)
     for line in example.reasoning.splitlines():
-        zone_id, status = _STATUS_LINE.match(line).groups()
-        at = start + len(zone_id) + 1
+        match = _STATUS_LINE.match(line)
+        zone_id, status = match.groups()
+        at = start + match.start(2)
         spans.append((f"status {status}", at, at + len(status)))
         spans.append((f"{status}, modifier {'next' if next_to[zone_id] else 'apart'}", at, at + len(status)))
         start += len(line) + 1

@@ -225,6 +225,27 @@ def test_joint_checks_write_each_condition_against_the_fact_line():
         get_task("joint", checks=True, chain=True)
 
 
+def test_airspace_checks_scan_the_later_notices_up_to_the_modifier():
+    """With `checks`, a zone's line lists the ids of the notices after its own, in feed order, up
+    to its modifier (or to the end), then the status line of the plain format; nothing else changes."""
+    plain, checked = get_task("airspace", min_notices=3), get_task("airspace", min_notices=3, checks=True)
+    seen = set()
+    for seed in range(100):
+        a, b = plain.generate(seed, "train"), checked.generate(seed, "train")
+        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta)
+        ids = [line.split()[1].rstrip(":") for line in a.prompt.splitlines()[1:]]
+        for status, line in zip(a.reasoning.splitlines(), b.reasoning.splitlines()):
+            zone = status.split()[0]
+            later = ids[ids.index(zone) + 1:]
+            scanned = later[:later.index(zone)] if zone in later else later
+            assert line == f"{zone}: " + "".join(f"{z} no, " for z in scanned) + status
+            assert (zone in later) == (zone in a.meta["modified"])
+            seen.add((bool(scanned), zone in later))
+    assert seen == {(False, False), (False, True), (True, False), (True, True)}
+    with pytest.raises(ValueError, match="reasoning=True"):
+        get_task("airspace", checks=True, reasoning=False)
+
+
 def test_record_answer_mentions_every_field():
     ex = get_task("record").generate(3, "train")
     for value in ex.meta["fields"].values():

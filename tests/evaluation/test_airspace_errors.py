@@ -3,6 +3,7 @@
 import json
 import random
 
+import pytest
 import torch
 
 from clover.data import eval_examples, get_task
@@ -13,9 +14,9 @@ from benchmark_script import load_benchmark
 airspace_errors = load_benchmark("airspace_errors")
 
 
-def _example():
+def _example(**options):
     """An airspace example with an active zone and a radius amendment."""
-    task, rng = AirspaceTask(min_notices=3), random.Random(0)
+    task, rng = AirspaceTask(min_notices=3, **options), random.Random(0)
     while True:
         example = task.sample(rng)
         kinds = example.meta["modified"].values()
@@ -27,8 +28,9 @@ def _output(lines, zones):
     return "<think>\n" + "\n".join(lines) + "\n</think>\n\n" + json.dumps(zones, separators=(",", ":"))
 
 
-def test_each_part_of_an_answer_is_told_apart():
-    example = _example()
+@pytest.mark.parametrize("checks", [False, True])
+def test_each_part_of_an_answer_is_told_apart(checks):
+    example = _example(checks=checks)
     lines, zones = example.reasoning.splitlines(), example.meta["zones"]
     amended = next(z for z, kind in example.meta["modified"].items() if kind == "radius")
     active = next(z["id"] for z in zones if z["id"] not in example.meta["modified"])
@@ -36,7 +38,7 @@ def test_each_part_of_an_answer_is_told_apart():
                line.replace("active", "amended") if line.startswith(active) else line for line in lines]
     assert airspace_errors.first_error(_output(swapped, zones), example) == (
         "status", ", ".join(f"{z} amended->active" if z == amended else f"{z} active->amended"
-                            for z in (line.split()[0] for line in lines) if z in (amended, active)))
+                            for z in (line.split()[0].rstrip(":") for line in lines) if z in (amended, active)))
     assert airspace_errors.first_error(_output(lines[1:], zones), example)[0] == "lines"
     assert airspace_errors.first_error(_output(lines, zones[1:]), example)[0] == "zones"
     assert airspace_errors.first_error(_output(lines, zones)[:-1], example)[0] == "json"
@@ -50,13 +52,16 @@ def test_each_part_of_an_answer_is_told_apart():
     assert got[0] == "field" and got[1].startswith(f"location (copied) of {active}: 'Nowhere'")
 
 
-def test_answer_spans_cover_each_status_word_and_value(tokenizer):
+@pytest.mark.parametrize("checks", [False, True])
+def test_answer_spans_cover_each_status_word_and_value(tokenizer, checks):
     """The teacher-forced table labels the chat answer's characters: each status span is that
-    line's status word, each value span a JSON value, amended exactly where a modifier replaced it."""
-    example = _example()
+    line's status word (the last word, after the checks), each value span a JSON value, amended
+    exactly where a modifier replaced it."""
+    example = _example(checks=checks)
+    assert (": " in example.reasoning) == checks
     answer = format_chat(tokenizer, example, enable_thinking=True).answer
     spans = airspace_errors.answer_spans(example, answer)
-    statuses = [line.split()[1].rstrip(".") for line in example.reasoning.splitlines()]
+    statuses = [line.split()[-1].rstrip(".") for line in example.reasoning.splitlines()]
     assert [answer[a:b] for row, a, b in spans if row.startswith("status")] == statuses
     assert [row for row, _, _ in spans if row.startswith("status")] == [f"status {s}" for s in statuses]
     values = [(row, answer[a:b]) for row, a, b in spans if row.startswith("value")]

@@ -24,7 +24,12 @@ in prompt and answer (``31.24N 121.47E``), so they are copied verbatim.
 
 Reasoning (the think block): one line per zone in the order its notice was issued,
 saying what became of it: ``Z68 cancelled.``, ``Z20 amended.`` or ``Z56 active.``.
-So the decision to drop a cancelled zone is written down before the JSON is.
+So the decision to drop a cancelled zone is written down before the JSON is. With ``checks``
+(a training option, off by default) each line first checks the notices after the zone's own, in
+order, against the zone's id, until its modifier: ``Z13: Z17 no, Z13 amended.``, ``Z17: Z13 no,
+Z17 active.``, ``Z20: Z20 active.``; each check compares the id just copied with the one at the
+line's start, so no step has to find a zone's modifier anywhere in the feed at once (without it
+the model learns to pin a modifier on the notice above it).
 
 Scoring: the output is parsed as JSON; ``correct`` iff the parsed value equals the
 target (order included). Malformed JSON scores ``correct=False, valid_json=False``.
@@ -59,6 +64,7 @@ _CANCEL_TEMPLATES: tuple[str, ...] = (
     "NOTICE {id} CANCELLED, zone released.",
 )
 _RADIUS_TEMPLATE = "NOTICE {id} AMENDED: radius now {r}."
+_STATUS = {"cancel": "cancelled", "radius": "amended", "window": "amended"}  # modifier kind -> status
 _WINDOW_TEMPLATE = "NOTICE {id} AMENDED: window now {t}."
 
 
@@ -88,7 +94,8 @@ class AirspaceTask(Task):
     name = "airspace"
 
     def __init__(self, min_notices: int = 1, max_notices: int = 4, nautical_miles: bool = False,
-                 wordings: int = 1, time_forms: int = 2, reasoning: bool = True, modifiers_last: float = 0.0):
+                 wordings: int = 1, time_forms: int = 2, reasoning: bool = True, modifiers_last: float = 0.0,
+                 checks: bool = False):
         if not 1 <= min_notices <= max_notices <= MAX_NOTICES:
             raise ValueError(f"need 1 <= min_notices <= max_notices <= {MAX_NOTICES}, "
                              f"got {min_notices}..{max_notices}")
@@ -98,6 +105,8 @@ class AirspaceTask(Task):
             raise ValueError(f"time_forms={time_forms} must be in 1..{timefmt.N_WINDOW_FORMS}")
         if not 0.0 <= modifiers_last <= 1.0:
             raise ValueError(f"modifiers_last={modifiers_last} must be in [0, 1]")
+        if checks and not reasoning:
+            raise ValueError("checks=True needs reasoning=True (the checks are written in the think block)")
         self.min_notices = min_notices
         self.max_notices = max_notices
         self.nautical_miles = nautical_miles
@@ -105,6 +114,7 @@ class AirspaceTask(Task):
         self.time_forms = time_forms
         self.reasoning = reasoning  # write each zone's fate in the think block (else an empty one)
         self.modifiers_last = modifiers_last
+        self.checks = checks  # check the later notices' ids one by one before each zone's status
 
     def sample(self, rng: random.Random) -> Example:
         n = rng.randint(self.min_notices, self.max_notices)
@@ -123,11 +133,20 @@ class AirspaceTask(Task):
         target = [z.as_json() for z in zones if z.radius_tenths > 0]
         prompt = INSTRUCTION + "\n" + "\n".join(lines)
         answer = json.dumps(target, separators=(",", ":"), ensure_ascii=False)
-        status = {"cancel": "cancelled", "radius": "amended", "window": "amended"}
-        reasoning = "\n".join(f"{z.id} {status.get(modified.get(z.id), 'active')}." for z in zones) \
-            if self.reasoning else ""
+        ids = [zone_id for zone_id, _ in feed]
+        reasoning = "\n".join(self._status_line(z.id, ids, modified) for z in zones) if self.reasoning else ""
         return Example(prompt, answer, self.name, {"zones": target, "n_notices": n, "modified": modified},
                        reasoning)
+
+    def _status_line(self, zone_id: str, ids: list[str], modified: dict[str, str]) -> str:
+        """``Z20 amended.``; with checks, the ids of the notices after the zone's own, up to its
+        modifier, first: ``Z20: Z31 no, Z20 amended.`` (``ids``: each notice's zone id, in order)."""
+        status = f"{zone_id} {_STATUS.get(modified.get(zone_id), 'active')}."
+        if not self.checks:
+            return status
+        later = ids[ids.index(zone_id) + 1:]
+        others = later[:later.index(zone_id)] if zone_id in later else later
+        return f"{zone_id}: " + "".join(f"{other} no, " for other in others) + status
 
     def score(self, example: Example, output_text: str) -> dict[str, Any]:
         target = example.meta["zones"]
