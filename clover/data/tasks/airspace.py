@@ -64,8 +64,8 @@ _CANCEL_TEMPLATES: tuple[str, ...] = (
     "NOTICE {id} CANCELLED, zone released.",
 )
 _RADIUS_TEMPLATE = "NOTICE {id} AMENDED: radius now {r}."
-_STATUS = {"cancel": "cancelled", "radius": "amended", "window": "amended"}  # modifier kind -> status
 _WINDOW_TEMPLATE = "NOTICE {id} AMENDED: window now {t}."
+_STATUS = {"cancel": "cancelled", "radius": "amended", "window": "amended"}  # modifier kind -> status
 
 
 @dataclass

@@ -207,20 +207,17 @@ def _rule_line(rule: Rule) -> str:
 
 
 def _checks(held_in_order: list[str], conditions: tuple[str, ...]) -> str:
-    """``insured: licensed no, insured yes. rested: licensed no, insured no. rested no.``... : each
-    condition against the stated properties in order until found, stopping after the first condition
-    not found; empty when nothing is stated. The answer is then the last check's."""
-    found_all, lines = True, []
-    for condition in conditions:
-        if not held_in_order or not found_all:
+    """Each condition against the stated properties in order until found, stopping after the first
+    condition not found; empty when nothing is stated. The answer is then the last check's word:
+    ``insured: licensed no, insured yes. rested: licensed no, insured no.`` (stated: licensed and
+    insured; conditions: insured and rested)."""
+    lines = []
+    for condition in conditions if held_in_order else ():
+        found = condition in held_in_order
+        tried = held_in_order[:held_in_order.index(condition) + 1] if found else held_in_order
+        lines.append(f"{condition}: {', '.join(f'{held} {_yn(held == condition)}' for held in tried)}.")
+        if not found:
             break
-        checks = []
-        for held in held_in_order:
-            checks.append(f"{held} {_yn(held == condition)}")
-            if held == condition:
-                break
-        found_all = condition in held_in_order
-        lines.append(f"{condition}: {', '.join(checks)}.")
     return " ".join(lines)
 
 
