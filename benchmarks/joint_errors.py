@@ -44,15 +44,15 @@ CHECK_WORD = re.compile(r"\b(yes|no)\b")
 def line_parts(line: str) -> tuple[str, str, str, str, str] | None:
     """`(question, fact line, rule lines, checks, yes/no)` of one derivation line, None if
     unparsable: `2. Is Kim cleared? Kim is rested. Anyone who is licensed and rested is cleared.
-    licensed: rested no. no` (the checks, `licensed: rested no.`, start at the first word before
-    a colon; empty without the `checks` task option)."""
+    licensed: rested no. no` (the checks, `licensed: rested no.` or paired `rested=licensed no.`,
+    start at the first word with a colon or an equals sign; empty without the `checks` task option)."""
     question, sep, rest = line.partition("? ")
     fact, sep2, rest = rest.partition(". ")
     if not (sep and sep2):
         return None
     body, _, verdict = rest.rpartition(" ")
-    colon = body.find(":")
-    split = len(body) if colon < 0 else body.rfind(" ", 0, colon) + 1
+    mark = min((at for at in (body.find(":"), body.find("=")) if at >= 0), default=-1)
+    split = len(body) if mark < 0 else body.rfind(" ", 0, mark) + 1
     return question, fact, body[:split].rstrip(), body[split:], verdict
 
 

@@ -189,12 +189,13 @@ def test_joint_balanced_answers_do_not_follow_the_fact_line_length():
         "Fay is trained.", "Kim is insured.", "Ivy is trained."]
 
 
-def test_joint_checks_write_each_condition_against_the_fact_line():
+@pytest.mark.parametrize("layout", ["listed", "paired"])
+def test_joint_checks_write_each_condition_against_the_fact_line(layout):
     """With `checks`, each line checks the asked property (or the rule's conditions, in order) against
     the fact line's properties one by one, until found, stopping after a condition not found; the
     last check's word is the answer. The option changes nothing else: same prompts and answers, and
     the same lines with the checks taken out."""
-    plain, checked = get_task("joint", balanced=True), get_task("joint", balanced=True, checks=True)
+    plain, checked = get_task("joint", balanced=True), get_task("joint", balanced=True, checks=layout)
     seen = set()
     for seed in range(200):
         a, b = plain.generate(seed, "train"), checked.generate(seed, "train")
@@ -212,17 +213,26 @@ def test_joint_checks_write_each_condition_against_the_fact_line():
                 continue
             words = []
             for condition, sentence in zip(conditions, checks.split(". ")):
-                name, _, tried = sentence.rstrip(".").partition(": ")
-                pairs = [t.split(" ") for t in tried.split(", ")]
+                if layout == "listed":
+                    name, _, tried = sentence.rstrip(".").partition(": ")
+                    pairs = [t.split(" ") for t in tried.split(", ")]
+                else:
+                    pairs = [t.split(" ") for t in sentence.rstrip(".").split(", ")]
+                    names = {p.split("=")[1] for p, _ in pairs}
+                    assert len(names) == 1
+                    name, pairs = names.pop(), [(p.split("=")[0], w) for p, w in pairs]
                 assert name == condition and [h for h, _ in pairs] == held[:len(pairs)]
                 assert [w for _, w in pairs] == ["yes" if h == condition else "no" for h, _ in pairs]
                 assert pairs[-1][1] == "yes" or len(pairs) == len(held)  # stops once found
                 words.append(pairs[-1][1])
+            assert len(words) == len(checks.split(". "))
             assert words[-1] == verdict and "no" not in words[:-1]  # stops after a condition not found
             seen.add((len(words), verdict))
     assert {(1, "yes"), (1, "no"), (2, "yes"), (2, "no")} <= seen
     with pytest.raises(ValueError, match="chain=True"):
-        get_task("joint", checks=True, chain=True)
+        get_task("joint", checks=layout, chain=True)
+    with pytest.raises(ValueError, match="'sideways' must be one of"):
+        get_task("joint", checks="sideways")
 
 
 def test_airspace_checks_scan_the_later_notices_up_to_the_modifier():

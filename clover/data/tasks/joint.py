@@ -21,10 +21,13 @@ rule against the fact line written just before it, so a small model can follow i
 With ``checks`` (a training option, off by default) each line also writes the check out before the
 answer: each condition (the asked base property, or the rule's conditions in order) against the fact
 line's properties one by one, until it is found or the line ends, and no further once a condition
-fails: ``4. Is Mia cleared? Mia is licensed and rested. Anyone who is insured and rested is cleared.
-insured: licensed no, rested no. no``. Each check compares the word just copied from the fact line
-with the condition written a few tokens before, and the answer is the last check's, so no step
-needs the whole fact line at once (without it the model learns to answer by the line's length).
+fails. The answer is then the last check's, so no step needs the whole fact line at once (without
+the checks the model learns to answer by the line's length). Two layouts:
+``checks="listed"``: ``4. Is Mia cleared? Mia is licensed and rested. Anyone who is insured and
+rested is cleared. insured: licensed no, rested no. no`` (each property compared with the condition
+written a few tokens before); ``checks="paired"``: ``... cleared. licensed=insured no, rested=insured
+no. no`` (each property written next to the condition, so that the comparison is of two tokens
+within the model's short convolution).
 
 With ``balanced`` (a training option, off by default) each question is drawn so that its answer
 is yes or no with equal odds, whatever the pilot's fact line holds. Drawn uniformly, a base property
@@ -53,6 +56,7 @@ _DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "q
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
 
 Rule = tuple[str, tuple[str, ...]]  # (derived property, conditions)
+CHECK_LAYOUTS = ("", "listed", "paired")  # no checks, then the two layouts (module docstring)
 
 
 class JointTask(Task):
@@ -61,12 +65,14 @@ class JointTask(Task):
     name = "joint"
 
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
-                 chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: bool = False):
+                 chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: str = ""):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
         if max_rules not in (2, 3):
             raise ValueError(f"max_rules must be 2 or 3, got {max_rules}")
+        if checks not in CHECK_LAYOUTS:
+            raise ValueError(f"checks={checks!r} must be one of {CHECK_LAYOUTS}")
         if checks and (chain or not reasoning):
             raise ValueError(f"checks needs reasoning=True and chain=False (a chained condition is not "
                              f"in the fact line), got reasoning={reasoning}, chain={chain}")
@@ -111,7 +117,7 @@ class JointTask(Task):
         words = [f"{k}. Is {pilot} {prop}?", _fact_line(pilot, held, base), *map(_rule_line, behind)]
         if self.checks:
             conditions = behind[0][1] if behind else (prop,)
-            words.append(_checks([b for b in base if b in held], conditions))
+            words.append(_checks([b for b in base if b in held], conditions, self.checks == "paired"))
         return " ".join(w for w in [*words, _yn(answer)] if w)
 
     def field_spans(self, example: Example) -> list[tuple[str, int, int]]:
@@ -206,16 +212,19 @@ def _rule_line(rule: Rule) -> str:
     return f"Anyone who is {_join(conds)} is {derived}."
 
 
-def _checks(held_in_order: list[str], conditions: tuple[str, ...]) -> str:
+def _checks(held_in_order: list[str], conditions: tuple[str, ...], paired: bool) -> str:
     """Each condition against the stated properties in order until found, stopping after the first
-    condition not found; empty when nothing is stated. The answer is then the last check's word:
-    ``insured: licensed no, insured yes. rested: licensed no, insured no.`` (stated: licensed and
-    insured; conditions: insured and rested)."""
+    condition not found; empty when nothing is stated. The answer is then the last check's word.
+    Stated licensed and insured, conditions insured and rested: ``insured: licensed no, insured yes.
+    rested: licensed no, insured no.``, or paired ``licensed=insured no, insured=insured yes.
+    licensed=rested no, insured=rested no.``."""
     lines = []
     for condition in conditions if held_in_order else ():
         found = condition in held_in_order
         tried = held_in_order[:held_in_order.index(condition) + 1] if found else held_in_order
-        lines.append(f"{condition}: {', '.join(f'{held} {_yn(held == condition)}' for held in tried)}.")
+        checks = ", ".join(f"{held}={condition} {_yn(held == condition)}" if paired else
+                           f"{held} {_yn(held == condition)}" for held in tried)
+        lines.append(f"{checks}." if paired else f"{condition}: {checks}.")
         if not found:
             break
     return " ".join(lines)
