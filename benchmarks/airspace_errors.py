@@ -39,13 +39,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import decode_task_errors, kinds_table  # noqa: E402
 
 KINDS = ("status", "lines", "zones", "field", "json")
-_STATUS_LINE = re.compile(r"^(?:Z\d+: (?:Z\d+ no, )*)?(Z\d+) (\w+)\.$")  # checks (task option) first
+_STATUS_LINE = re.compile(r"^(?:Z\d+: (?:Z\d+(?:=Z\d+)? no, )*(?:Z\d+=)?)?(Z\d+) (\w+)\.$")  # after any checks
 _MODIFIER = re.compile(r"^NOTICE Z\d+ (CANCELLED|AMENDED)")
 
 
 def status_lines(think: str) -> list[tuple[str, str]] | None:
     """`[(zone id, status)]` of a think block's lines, None if a line is not `Zxx status.` (after
-    the checks `Zxx: Zyy no, ` with the task option `checks`)."""
+    the checks `Zxx: Zyy no, ` or `Zxx: Zyy=Zxx no, Zxx=` with the task option `checks`)."""
     parsed = [_STATUS_LINE.match(line.strip()) for line in think.strip().splitlines()]
     return None if not all(parsed) else [m.groups() for m in parsed]
 

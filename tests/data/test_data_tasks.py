@@ -235,10 +235,11 @@ def test_joint_checks_write_each_condition_against_the_fact_line(layout):
         get_task("joint", checks="sideways")
 
 
-def test_airspace_checks_scan_the_later_notices_up_to_the_modifier():
+@pytest.mark.parametrize("layout", ["listed", "paired"])
+def test_airspace_checks_scan_the_later_notices_up_to_the_modifier(layout):
     """With `checks`, a zone's line lists the ids of the notices after its own, in feed order, up
     to its modifier (or to the end), then the status line of the plain format; nothing else changes."""
-    plain, checked = get_task("airspace", min_notices=3), get_task("airspace", min_notices=3, checks=True)
+    plain, checked = get_task("airspace", min_notices=3), get_task("airspace", min_notices=3, checks=layout)
     seen = set()
     for seed in range(100):
         a, b = plain.generate(seed, "train"), checked.generate(seed, "train")
@@ -248,12 +249,16 @@ def test_airspace_checks_scan_the_later_notices_up_to_the_modifier():
             zone = status.split()[0]
             later = ids[ids.index(zone) + 1:]
             scanned = later[:later.index(zone)] if zone in later else later
-            assert line == f"{zone}: " + "".join(f"{z} no, " for z in scanned) + status
+            pair = f"={zone}" if layout == "paired" else ""
+            match = f"{zone}=" if layout == "paired" and zone in later else ""
+            assert line == f"{zone}: " + "".join(f"{z}{pair} no, " for z in scanned) + match + status
             assert (zone in later) == (zone in a.meta["modified"])
             seen.add((bool(scanned), zone in later))
     assert seen == {(False, False), (False, True), (True, False), (True, True)}
     with pytest.raises(ValueError, match="reasoning=True"):
-        get_task("airspace", checks=True, reasoning=False)
+        get_task("airspace", checks=layout, reasoning=False)
+    with pytest.raises(ValueError, match="'sideways' must be one of"):
+        get_task("airspace", checks="sideways")
 
 
 def test_record_answer_mentions_every_field():

@@ -28,7 +28,7 @@ def _output(lines, zones):
     return "<think>\n" + "\n".join(lines) + "\n</think>\n\n" + json.dumps(zones, separators=(",", ":"))
 
 
-@pytest.mark.parametrize("checks", [False, True])
+@pytest.mark.parametrize("checks", ["", "listed", "paired"])
 def test_each_part_of_an_answer_is_told_apart(checks):
     example = _example(checks=checks)
     lines, zones = example.reasoning.splitlines(), example.meta["zones"]
@@ -52,13 +52,13 @@ def test_each_part_of_an_answer_is_told_apart(checks):
     assert got[0] == "field" and got[1].startswith(f"location (copied) of {active}: 'Nowhere'")
 
 
-@pytest.mark.parametrize("checks", [False, True])
+@pytest.mark.parametrize("checks", ["", "listed", "paired"])
 def test_answer_spans_cover_each_status_word_and_value(tokenizer, checks):
     """The teacher-forced table labels the chat answer's characters: each status span is that
     line's status word (the last word, after the checks), each value span a JSON value, amended
     exactly where a modifier replaced it."""
     example = _example(checks=checks)
-    assert (": " in example.reasoning) == checks
+    assert (": " in example.reasoning) == bool(checks)
     answer = format_chat(tokenizer, example, enable_thinking=True).answer
     spans = airspace_errors.answer_spans(example, answer)
     statuses = [line.split()[-1].rstrip(".") for line in example.reasoning.splitlines()]

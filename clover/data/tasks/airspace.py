@@ -26,10 +26,12 @@ Reasoning (the think block): one line per zone in the order its notice was issue
 saying what became of it: ``Z68 cancelled.``, ``Z20 amended.`` or ``Z56 active.``.
 So the decision to drop a cancelled zone is written down before the JSON is. With ``checks``
 (a training option, off by default) each line first checks the notices after the zone's own, in
-order, against the zone's id, until its modifier: ``Z13: Z17 no, Z13 amended.``, ``Z17: Z13 no,
-Z17 active.``, ``Z20: Z20 active.``; each check compares the id just copied with the one at the
-line's start, so no step has to find a zone's modifier anywhere in the feed at once (without it
-the model learns to pin a modifier on the notice above it).
+order, against the zone's id, until its modifier, so no step has to find a zone's modifier anywhere
+in the feed at once (without it the model learns to pin a modifier on the notice above it). Two
+layouts: ``checks="listed"``: ``Z13: Z17 no, Z13 amended.``, ``Z17: Z13 no, Z17 active.``,
+``Z20: Z20 active.`` (each id compared with the one at the line's start); ``checks="paired"``:
+``Z13: Z17=Z13 no, Z13=Z13 amended.``, ``Z17: Z13=Z17 no, Z17 active.`` (each id written next to
+the zone's).
 
 Scoring: the output is parsed as JSON; ``correct`` iff the parsed value equals the
 target (order included). Malformed JSON scores ``correct=False, valid_json=False``.
@@ -50,6 +52,7 @@ from clover.data.tasks.base import Example, Task, clean_output
 from clover.data.tasks.vocab import PLACES
 
 MAX_NOTICES = 20
+CHECK_LAYOUTS = ("", "listed", "paired")  # no checks, then the two layouts (module docstring)
 INSTRUCTION = "Read the airspace notices and list the active no-fly zones as JSON."
 
 _ZONE_TEMPLATES: tuple[str, ...] = (  # the first `wordings` of them are used
@@ -95,7 +98,7 @@ class AirspaceTask(Task):
 
     def __init__(self, min_notices: int = 1, max_notices: int = 4, nautical_miles: bool = False,
                  wordings: int = 1, time_forms: int = 2, reasoning: bool = True, modifiers_last: float = 0.0,
-                 checks: bool = False):
+                 checks: str = ""):
         if not 1 <= min_notices <= max_notices <= MAX_NOTICES:
             raise ValueError(f"need 1 <= min_notices <= max_notices <= {MAX_NOTICES}, "
                              f"got {min_notices}..{max_notices}")
@@ -105,6 +108,8 @@ class AirspaceTask(Task):
             raise ValueError(f"time_forms={time_forms} must be in 1..{timefmt.N_WINDOW_FORMS}")
         if not 0.0 <= modifiers_last <= 1.0:
             raise ValueError(f"modifiers_last={modifiers_last} must be in [0, 1]")
+        if checks not in CHECK_LAYOUTS:
+            raise ValueError(f"checks={checks!r} must be one of {CHECK_LAYOUTS}")
         if checks and not reasoning:
             raise ValueError("checks=True needs reasoning=True (the checks are written in the think block)")
         self.min_notices = min_notices
@@ -140,13 +145,16 @@ class AirspaceTask(Task):
 
     def _status_line(self, zone_id: str, ids: list[str], modified: dict[str, str]) -> str:
         """``Z20 amended.``; with checks, the ids of the notices after the zone's own, up to its
-        modifier, first: ``Z20: Z31 no, Z20 amended.`` (``ids``: each notice's zone id, in order)."""
+        modifier, first: ``Z20: Z31 no, Z20 amended.`` or paired ``Z20: Z31=Z20 no, Z20=Z20
+        amended.`` (``ids``: each notice's zone id, in order)."""
         status = f"{zone_id} {_STATUS.get(modified.get(zone_id), 'active')}."
         if not self.checks:
             return status
         later = ids[ids.index(zone_id) + 1:]
         others = later[:later.index(zone_id)] if zone_id in later else later
-        return f"{zone_id}: " + "".join(f"{other} no, " for other in others) + status
+        paired = self.checks == "paired"
+        pair, match = (f"={zone_id}", f"{zone_id}=" if zone_id in later else "") if paired else ("", "")
+        return f"{zone_id}: " + "".join(f"{other}{pair} no, " for other in others) + match + status
 
     def score(self, example: Example, output_text: str) -> dict[str, Any]:
         target = example.meta["zones"]
