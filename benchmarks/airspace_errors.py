@@ -40,6 +40,7 @@ from common import decode_task_errors, kinds_table  # noqa: E402
 
 KINDS = ("status", "lines", "zones", "field", "json")
 _STATUS_LINE = re.compile(r"^(?:Z\d+: (?:Z\d+(?:=Z\d+)? no, )*(?:Z\d+=)?)?(Z\d+) (\w+)\.$")  # after any checks
+_CHECK_NO = re.compile(r"(?<= )no(?=,)")  # a written check's word (task option `checks`)
 _MODIFIER = re.compile(r"^NOTICE Z\d+ (CANCELLED|AMENDED)")
 
 
@@ -91,8 +92,8 @@ def modifier_next(example) -> dict[str, bool]:
 def answer_spans(example, answer: str) -> list[tuple[str, int, int]]:
     """`(row, start, end)` character spans in `answer` (the chat answer: think block, then JSON) of
     each status word (row `status <status>`, and again under `<status>, modifier next|apart`: whether
-    a modifier notice comes right after the zone's notice) and each JSON value (row `value
-    amended|copied`)."""
+    a modifier notice comes right after the zone's notice), each written check's `no` (row `check
+    no`, with the task option `checks`) and each JSON value (row `value amended|copied`)."""
     spans, next_to = [], modifier_next(example)
     start = answer.index(example.reasoning)
     for line in example.reasoning.splitlines():
@@ -101,6 +102,7 @@ def answer_spans(example, answer: str) -> list[tuple[str, int, int]]:
         at = start + match.start(2)
         spans.append((f"status {status}", at, at + len(status)))
         spans.append((f"{status}, modifier {'next' if next_to[zone_id] else 'apart'}", at, at + len(status)))
+        spans += [("check no", start + m.start(), start + m.end()) for m in _CHECK_NO.finditer(line)]
         start += len(line) + 1
     start, zone_id = answer.rindex(example.answer), None
     for field, a, b in get_task("airspace").field_spans(example):

@@ -64,6 +64,7 @@ def test_answer_spans_cover_each_status_word_and_value(tokenizer, checks):
     statuses = [line.split()[-1].rstrip(".") for line in example.reasoning.splitlines()]
     assert [answer[a:b] for row, a, b in spans if row.startswith("status")] == statuses
     assert [row for row, _, _ in spans if row.startswith("status")] == [f"status {s}" for s in statuses]
+    assert [answer[a:b] for row, a, b in spans if row == "check no"] == ["no"] * example.reasoning.count(" no,")
     values = [(row, answer[a:b]) for row, a, b in spans if row.startswith("value")]
     assert len(values) == 5 * len(example.meta["zones"])
     amended = next(z for z, kind in example.meta["modified"].items() if kind == "radius")
