@@ -56,6 +56,17 @@ def test_yaml_and_json_load_the_same(tmp_path):
     assert load_recipe(tmp_path / "r.json").train.betas == (0.9, 0.99)
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.json")), ids=lambda p: p.stem)
+def test_every_shipped_recipe_parses_and_builds_its_tasks(path):
+    """A typo in a task option (`"checks": true` for a layout name) fails here, not an hour into a run."""
+    from clover.training.sources import build_tasks
+
+    recipe = load_recipe(path)
+    if recipe.data.source == "tasks":
+        tasks = build_tasks(recipe.data.tasks, recipe.data.task_options)
+        assert tasks and all(t.generate(0, "train").answer for t in tasks)  # no tasks named: all of them
+
+
 def test_embedded_recipe_builds_a_small_model():
     from clover.model import CloverMoeConfig, CloverMoeForCausalLM
 
