@@ -42,8 +42,10 @@ def test_each_part_of_a_derivation_line_is_told_apart(checks):
         "yes/no": last[: -len(verdict)] + flipped,
         "format": "3 Is",
     }
-    if checks:
-        wrong["checks"] = last.replace(written, written.replace(" no", " yes", 1).replace(" yes", " no", 1), 1)
+    if checks:  # the first check's word flipped
+        word = joint_errors.CHECK_WORD.search(written)
+        wrong["checks"] = last.replace(written, written[:word.start()] + {"yes": "no", "no": "yes"}[word[1]]
+                                       + written[word.end():], 1)
     for kind, line in wrong.items():
         got = joint_errors.first_error(_output(lines[:-1] + [line], example.answer), example.reasoning)
         assert got == (kind, line, last), kind
