@@ -97,9 +97,10 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
             spans.append((kind, *spans[-1][1:]))  # the verdict again, under its kind
             if 0 < n_stated < 3:  # and by fact-line length where it alone does not decide a base one
                 spans.append((f"{kind}, {n_stated} stated", *spans[-1][1:]))
-            for a, b in (span[1:] for span in parts if span[0] == "checks"):  # each written check's yes/no
-                spans += [(f"check {m[1]}", start + m.start(), start + m.end())
-                          for m in CHECK_WORD.finditer(line, a, b)]
+            for part, a, b in parts:  # each written check's yes/no
+                if part == "checks":
+                    spans += [(f"check {m[1]}", start + m.start(), start + m.end())
+                              for m in CHECK_WORD.finditer(line, a, b)]
             start += len(line) + 1
         for part, s, e in spans:
             for mode, hits in forced.hits(s, e).items():

@@ -48,11 +48,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from clover.data.tasks import timefmt
-from clover.data.tasks.base import Example, Task, clean_output
+from clover.data.tasks.base import Example, Task, check_layout, clean_output
 from clover.data.tasks.vocab import PLACES
 
 MAX_NOTICES = 20
-CHECK_LAYOUTS = ("", "listed", "paired")  # no checks, then the two layouts (module docstring)
 INSTRUCTION = "Read the airspace notices and list the active no-fly zones as JSON."
 
 _ZONE_TEMPLATES: tuple[str, ...] = (  # the first `wordings` of them are used
@@ -108,10 +107,6 @@ class AirspaceTask(Task):
             raise ValueError(f"time_forms={time_forms} must be in 1..{timefmt.N_WINDOW_FORMS}")
         if not 0.0 <= modifiers_last <= 1.0:
             raise ValueError(f"modifiers_last={modifiers_last} must be in [0, 1]")
-        if checks not in CHECK_LAYOUTS:
-            raise ValueError(f"checks={checks!r} must be one of {CHECK_LAYOUTS}")
-        if checks and not reasoning:
-            raise ValueError("checks=True needs reasoning=True (the checks are written in the think block)")
         self.min_notices = min_notices
         self.max_notices = max_notices
         self.nautical_miles = nautical_miles
@@ -119,7 +114,7 @@ class AirspaceTask(Task):
         self.time_forms = time_forms
         self.reasoning = reasoning  # write each zone's fate in the think block (else an empty one)
         self.modifiers_last = modifiers_last
-        self.checks = checks  # check the later notices' ids one by one before each zone's status
+        self.checks = check_layout(checks, reasoning)  # check later notices' ids before each status
 
     def sample(self, rng: random.Random) -> Example:
         n = rng.randint(self.min_notices, self.max_notices)
@@ -151,10 +146,12 @@ class AirspaceTask(Task):
         if not self.checks:
             return status
         later = ids[ids.index(zone_id) + 1:]
-        others = later[:later.index(zone_id)] if zone_id in later else later
-        paired = self.checks == "paired"
-        pair, match = (f"={zone_id}", f"{zone_id}=" if zone_id in later else "") if paired else ("", "")
-        return f"{zone_id}: " + "".join(f"{other}{pair} no, " for other in others) + match + status
+        found = zone_id in later
+        pair = f"={zone_id}" if self.checks == "paired" else ""
+        checks = "".join(f"{other}{pair} no, " for other in (later[:later.index(zone_id)] if found else later))
+        if pair and found:  # the modifier's own check: `Z20=Z20 amended.`
+            checks += f"{zone_id}="
+        return f"{zone_id}: {checks}{status}"
 
     def score(self, example: Example, output_text: str) -> dict[str, Any]:
         target = example.meta["zones"]

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SPLITS: tuple[str, ...] = ("train", "eval")
+CHECK_LAYOUTS: tuple[str, ...] = ("", "listed", "paired")  # a task's `checks` option: none, or how
+# the think block writes each check (joint, airspace: their module docstrings)
 SPLIT_MODULUS = 10
 _MAX_ATTEMPTS = 10_000
 
@@ -95,3 +97,13 @@ def clean_output(output_text: str) -> str:
     for stop in ("<|im_end|>", "<|endoftext|>"):
         text = text.split(stop, 1)[0]
     return text.strip()
+
+
+def check_layout(checks: str, reasoning: bool) -> str:
+    """A task's ``checks`` option, validated: one of ``CHECK_LAYOUTS``, and only with reasoning on
+    (the checks are written in the think block)."""
+    if checks not in CHECK_LAYOUTS:
+        raise ValueError(f"checks={checks!r} must be one of {CHECK_LAYOUTS}")
+    if checks and not reasoning:
+        raise ValueError(f"checks={checks!r} needs reasoning=True (the checks are written in the think block)")
+    return checks

@@ -45,7 +45,7 @@ import random
 import re
 from typing import Any
 
-from clover.data.tasks.base import Example, Task, clean_output
+from clover.data.tasks.base import Example, Task, check_layout, clean_output
 from clover.data.tasks.vocab import FIRST_NAMES
 
 MIN_QUESTIONS, MAX_QUESTIONS = 2, 8
@@ -56,7 +56,6 @@ _DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "q
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
 
 Rule = tuple[str, tuple[str, ...]]  # (derived property, conditions)
-CHECK_LAYOUTS = ("", "listed", "paired")  # no checks, then the two layouts (module docstring)
 
 
 class JointTask(Task):
@@ -71,11 +70,9 @@ class JointTask(Task):
                              f"got {min_questions}..{max_questions}")
         if max_rules not in (2, 3):
             raise ValueError(f"max_rules must be 2 or 3, got {max_rules}")
-        if checks not in CHECK_LAYOUTS:
-            raise ValueError(f"checks={checks!r} must be one of {CHECK_LAYOUTS}")
-        if checks and (chain or not reasoning):
-            raise ValueError(f"checks needs reasoning=True and chain=False (a chained condition is not "
-                             f"in the fact line), got reasoning={reasoning}, chain={chain}")
+        if check_layout(checks, reasoning) and chain:
+            raise ValueError(f"checks={checks!r} needs chain=False (a chained condition is not in the fact "
+                             f"line), got chain=True")
         self.min_questions = min_questions
         self.max_questions = max_questions
         self.max_rules = max_rules
@@ -218,8 +215,10 @@ def _checks(held_in_order: list[str], conditions: tuple[str, ...], paired: bool)
     Stated licensed and insured, conditions insured and rested: ``insured: licensed no, insured yes.
     rested: licensed no, insured no.``, or paired ``licensed=insured no, insured=insured yes.
     licensed=rested no, insured=rested no.``."""
+    if not held_in_order:
+        return ""
     lines = []
-    for condition in conditions if held_in_order else ():
+    for condition in conditions:
         found = condition in held_in_order
         tried = held_in_order[:held_in_order.index(condition) + 1] if found else held_in_order
         checks = ", ".join(f"{held}={condition} {_yn(held == condition)}" if paired else
