@@ -38,13 +38,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import decode_task_errors, kinds_table  # noqa: E402
 
 KINDS = ("question", "fact", "rule", "checks", "yes/no", "answer", "format")
-CHECK_WORD = re.compile(r"\b(yes|no)\b")
+CHECK_WORD = re.compile(r"\b(yes|no)\b|(?<=[a-z])[+-](?=[,.])")  # a written check: a word, or signed a sign
+SIGN_WORD = {"+": "yes", "-": "no"}
+
+
+def check_word(match: re.Match) -> str:
+    """A written check's verdict, `yes` or `no`, whether the layout writes it as a word or a sign."""
+    return SIGN_WORD.get(match[0], match[0])
 
 
 def line_parts(line: str) -> tuple[str, str, str, str, str] | None:
     """`(question, fact line, rule lines, checks, yes/no)` of one derivation line, None if
     unparsable: `2. Is Kim cleared? Kim is rested. Anyone who is licensed and rested is cleared.
-    licensed: rested no. no` (the checks, `licensed: rested no.` or paired `rested=licensed no.`,
+    licensed: rested no. no` (the checks, `licensed: rested no.`, paired `rested=licensed no.` or
+    signed `rested=licensed-.`,
     start at the first word with a colon or an equals sign; empty without the `checks` task option)."""
     question, sep, rest = line.partition("? ")
     fact, sep2, rest = rest.partition(". ")
@@ -99,7 +106,7 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
                 spans.append((f"{kind}, {n_stated} stated", *spans[-1][1:]))
             for part, a, b in parts:  # each written check's yes/no
                 if part == "checks":
-                    spans += [(f"check {m[1]}", start + m.start(), start + m.end())
+                    spans += [(f"check {check_word(m)}", start + m.start(), start + m.end())
                               for m in CHECK_WORD.finditer(line, a, b)]
             start += len(line) + 1
         for part, s, e in spans:

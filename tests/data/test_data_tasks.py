@@ -189,7 +189,7 @@ def test_joint_balanced_answers_do_not_follow_the_fact_line_length():
         "Fay is trained.", "Kim is insured.", "Ivy is trained."]
 
 
-@pytest.mark.parametrize("layout", ["listed", "paired"])
+@pytest.mark.parametrize("layout", ["listed", "paired", "signed"])
 def test_joint_checks_write_each_condition_against_the_fact_line(layout):
     """With `checks`, each line checks the asked property (or the rule's conditions, in order) against
     the fact line's properties one by one, until found, stopping after a condition not found; the
@@ -217,7 +217,9 @@ def test_joint_checks_write_each_condition_against_the_fact_line(layout):
                     name, _, tried = sentence.rstrip(".").partition(": ")
                     pairs = [t.split(" ") for t in tried.split(", ")]
                 else:
-                    pairs = [t.split(" ") for t in sentence.rstrip(".").split(", ")]
+                    tried = sentence.rstrip(".").split(", ")
+                    pairs = ([(t[:-1], {"+": "yes", "-": "no"}[t[-1]]) for t in tried] if layout == "signed"
+                             else [t.split(" ") for t in tried])
                     names = {p.split("=")[1] for p, _ in pairs}
                     assert len(names) == 1
                     name, pairs = names.pop(), [(p.split("=")[0], w) for p, w in pairs]
@@ -259,6 +261,8 @@ def test_airspace_checks_scan_the_later_notices_up_to_the_modifier(layout):
         get_task("airspace", checks=layout, reasoning=False)
     with pytest.raises(ValueError, match="'sideways' must be one of"):
         get_task("airspace", checks="sideways")
+    with pytest.raises(ValueError, match="'signed' must be one of"):  # a joint layout only
+        get_task("airspace", checks="signed")
 
 
 def test_record_answer_mentions_every_field():

@@ -24,7 +24,7 @@ from typing import Any
 
 SPLITS: tuple[str, ...] = ("train", "eval")
 CHECK_LAYOUTS: tuple[str, ...] = ("", "listed", "paired")  # a task's `checks` option: none, or how
-# the think block writes each check (joint, airspace: their module docstrings)
+# the think block writes each check (joint, airspace: their module docstrings); joint adds "signed"
 SPLIT_MODULUS = 10
 _MAX_ATTEMPTS = 10_000
 
@@ -99,11 +99,11 @@ def clean_output(output_text: str) -> str:
     return text.strip()
 
 
-def check_layout(checks: str, reasoning: bool) -> str:
-    """A task's ``checks`` option, validated: one of ``CHECK_LAYOUTS``, and only with reasoning on
-    (the checks are written in the think block)."""
-    if checks not in CHECK_LAYOUTS:
-        raise ValueError(f"checks={checks!r} must be one of {CHECK_LAYOUTS}")
+def check_layout(checks: str, reasoning: bool, layouts: tuple[str, ...] = CHECK_LAYOUTS) -> str:
+    """A task's ``checks`` option, validated: one of the task's ``layouts``, and only with reasoning
+    on (the checks are written in the think block)."""
+    if checks not in layouts:
+        raise ValueError(f"checks={checks!r} must be one of {layouts}")
     if checks and not reasoning:
         raise ValueError(f"checks={checks!r} needs reasoning=True (the checks are written in the think block)")
     return checks

@@ -27,7 +27,12 @@ the checks the model learns to answer by the line's length). Two layouts:
 rested is cleared. insured: licensed no, rested no. no`` (each property compared with the condition
 written a few tokens before); ``checks="paired"``: ``... cleared. licensed=insured no, rested=insured
 no. no`` (each property written next to the condition, so that the comparison is of two tokens
-within the model's short convolution).
+within the model's short convolution when it predicts the next token causally); ``checks="signed"``:
+``... cleared. licensed=insured-, rested=insured-. no`` (the check a sign glued to the pair). Block
+mode predicts a token at its own position, one token later than causal mode does, so its
+convolution window ends one token later; with a space token between the pair and its word (paired)
+the first property falls out of that window, with the sign glued on (signed) both modes' windows
+hold both properties.
 
 With ``balanced`` (a training option, off by default) each question is drawn so that its answer
 is yes or no with equal odds, whatever the pilot's fact line holds. Drawn uniformly, a base property
@@ -45,7 +50,7 @@ import random
 import re
 from typing import Any
 
-from clover.data.tasks.base import Example, Task, check_layout, clean_output
+from clover.data.tasks.base import CHECK_LAYOUTS, Example, Task, check_layout, clean_output
 from clover.data.tasks.vocab import FIRST_NAMES
 
 MIN_QUESTIONS, MAX_QUESTIONS = 2, 8
@@ -53,6 +58,8 @@ INSTRUCTION = "Answer every question with yes or no, all on one line."
 
 _BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
 _DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
+CHECKS = (*CHECK_LAYOUTS, "signed")
+_SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
 
 Rule = tuple[str, tuple[str, ...]]  # (derived property, conditions)
@@ -70,7 +77,7 @@ class JointTask(Task):
                              f"got {min_questions}..{max_questions}")
         if max_rules not in (2, 3):
             raise ValueError(f"max_rules must be 2 or 3, got {max_rules}")
-        if check_layout(checks, reasoning) and chain:
+        if check_layout(checks, reasoning, CHECKS) and chain:
             raise ValueError(f"checks={checks!r} needs chain=False (a chained condition is not in the fact "
                              f"line), got chain=True")
         self.min_questions = min_questions
@@ -114,7 +121,7 @@ class JointTask(Task):
         words = [f"{k}. Is {pilot} {prop}?", _fact_line(pilot, held, base), *map(_rule_line, behind)]
         if self.checks:
             conditions = behind[0][1] if behind else (prop,)
-            words.append(_checks([b for b in base if b in held], conditions, self.checks == "paired"))
+            words.append(_checks([b for b in base if b in held], conditions, self.checks))
         return " ".join(w for w in [*words, _yn(answer)] if w)
 
     def field_spans(self, example: Example) -> list[tuple[str, int, int]]:
@@ -209,24 +216,32 @@ def _rule_line(rule: Rule) -> str:
     return f"Anyone who is {_join(conds)} is {derived}."
 
 
-def _checks(held_in_order: list[str], conditions: tuple[str, ...], paired: bool) -> str:
+def _checks(held_in_order: list[str], conditions: tuple[str, ...], layout: str) -> str:
     """Each condition against the stated properties in order until found, stopping after the first
     condition not found; empty when nothing is stated. The answer is then the last check's word.
     Stated licensed and insured, conditions insured and rested: ``insured: licensed no, insured yes.
-    rested: licensed no, insured no.``, or paired ``licensed=insured no, insured=insured yes.
-    licensed=rested no, insured=rested no.``."""
+    rested: licensed no, insured no.``, paired ``licensed=insured no, insured=insured yes.
+    licensed=rested no, insured=rested no.``, or signed ``licensed=insured-, insured=insured+.
+    licensed=rested-, insured=rested-.``."""
     if not held_in_order:
         return ""
     lines = []
     for condition in conditions:
         found = condition in held_in_order
         tried = held_in_order[:held_in_order.index(condition) + 1] if found else held_in_order
-        checks = ", ".join(f"{held}={condition} {_yn(held == condition)}" if paired else
-                           f"{held} {_yn(held == condition)}" for held in tried)
-        lines.append(f"{checks}." if paired else f"{condition}: {checks}.")
+        checks = ", ".join(_check(held, condition, layout) for held in tried)
+        lines.append(f"{condition}: {checks}." if layout == "listed" else f"{checks}.")
         if not found:
             break
     return " ".join(lines)
+
+
+def _check(held: str, condition: str, layout: str) -> str:
+    if layout == "listed":
+        return f"{held} {_yn(held == condition)}"
+    if layout == "signed":
+        return f"{held}={condition}{_SIGN[held == condition]}"
+    return f"{held}={condition} {_yn(held == condition)}"
 
 
 def _fact_line(person: str, held: set[str], base: list[str]) -> str:
