@@ -23,7 +23,9 @@ the share of lines whose part it predicts right throughout, causally (AR) and in
 whole block masked (the first denoising step); the verdicts are also split by kind (a base or a
 derived property; yes or no) and by how many properties the fact line states (1 or 2 of 3: a model
 that answers by the line's length says "no" to one and "yes" to two), and the yes/no words of
-written checks are counted as `check yes` and `check no`. Where decoding errors compound, this shows
+written checks are counted as `check yes` and `check no`. The last column (`alone`) predicts each
+yes/no word, verdict or check, in block mode with only that token masked and the rest of its block
+given (the last denoising step; one more pass per word). Where decoding errors compound, this shows
 which step the model cannot do.
 """
 
@@ -32,6 +34,7 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from clover.data import format_chat
 from clover.evaluation.field_loss import teacher_forced
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -90,12 +93,12 @@ def stated(line: str) -> int:
 
 
 def teacher_forced_table(model, tokenizer, examples) -> list[str]:
-    """Per part: token accuracy and lines all right, AR and block mode (see the module docstring)."""
+    """Per part: token accuracy and lines all right, AR and block mode, and for the yes/no words
+    block mode with each alone masked (see the module docstring)."""
     tokens = defaultdict(lambda: [0, 0])  # (mode, part) -> [right, total], over tokens
     lines = defaultdict(lambda: [0, 0])  # (mode, part) -> [right, total], over derivation lines
     for example in examples:
-        forced = teacher_forced(model, tokenizer, example, enable_thinking=True)
-        start = forced.answer.index(example.reasoning)
+        start = format_chat(tokenizer, example, enable_thinking=True).answer.index(example.reasoning)
         spans = []  # (part, start, end) in the answer text, one per part of each line
         for line in example.reasoning.splitlines():
             parts = part_spans(line)
@@ -109,6 +112,8 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
                     spans += [(f"check {check_word(m)}", start + m.start(), start + m.end())
                               for m in CHECK_WORD.finditer(line, a, b)]
             start += len(line) + 1
+        alone = [(s, e) for part, s, e in spans if part == "yes/no" or part.startswith("check ")]
+        forced = teacher_forced(model, tokenizer, example, enable_thinking=True, alone=alone)
         for part, s, e in spans:
             for mode, hits in forced.hits(s, e).items():
                 tokens[mode, part][0] += sum(hits)
@@ -116,13 +121,15 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
                 if hits:
                     lines[mode, part][0] += all(hits)
                     lines[mode, part][1] += 1
-    rows = [f"{'part':<22}{'AR tokens':>10}{'AR lines':>10}{'block tokens':>14}{'block lines':>13}"]
+    rows = [f"{'part':<22}{'AR tokens':>10}{'AR lines':>10}{'block tokens':>14}{'block lines':>13}"
+            f"{'alone':>7}"]
     kinds = sorted({part for _, part in lines} - set(PARTS))
     for part in [*PARTS, *kinds]:
         if ("AR", part) in lines:
             ar, block = ((tokens[m, part][0] / tokens[m, part][1], "{}/{}".format(*lines[m, part]))
                          for m in ("AR", "block"))
-            rows.append(f"{part:<22}{ar[0]:>10.3f}{ar[1]:>10}{block[0]:>14.3f}{block[1]:>13}")
+            alone = f"{tokens['alone', part][0] / tokens['alone', part][1]:.3f}" if ("alone", part) in lines else "-"
+            rows.append(f"{part:<22}{ar[0]:>10.3f}{ar[1]:>10}{block[0]:>14.3f}{block[1]:>13}{alone:>7}")
     return rows
 
 

@@ -15,7 +15,7 @@ Reported as mean nats per token for each (task, field).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
 from functools import cached_property
 
 import torch
@@ -51,13 +51,15 @@ def token_fields(task, example: Example, answer_text: str, offsets: Sequence[tup
 class TeacherForced:
     """One example's answer under teacher forcing: its text, each token's character span in it, the
     target ids [n] and two logits [n, vocab]: causal (`ar`) and block mode with every block masked
-    (`diff`)."""
+    (`diff`); `alone` maps a token index to whether block mode predicts it right when it is the
+    only masked position (the last denoising step), for the tokens it was asked for."""
 
     answer: str
     offsets: list[tuple[int, int]]
     targets: torch.Tensor
     ar: torch.Tensor
     diff: torch.Tensor
+    alone: dict[int, bool] = dataclass_field(default_factory=dict)
 
     @cached_property
     def right(self) -> dict[str, list[bool]]:
@@ -66,18 +68,29 @@ class TeacherForced:
         return {mode: (logits.argmax(-1) == self.targets).tolist()
                 for mode, logits in (("AR", self.ar), ("block", self.diff))}
 
+    def tokens(self, start: int, end: int) -> list[int]:
+        """The indices of the tokens overlapping characters [start, end) of the answer."""
+        return [k for k, (a, b) in enumerate(self.offsets) if a < end and b > start]
+
     def hits(self, start: int, end: int) -> dict[str, list[bool]]:
-        """Per mode ("AR", "block"): whether each token overlapping characters [start, end) of the
-        answer is predicted right (argmax)."""
-        inside = [k for k, (a, b) in enumerate(self.offsets) if a < end and b > start]
-        return {mode: [right[k] for k in inside] for mode, right in self.right.items()}
+        """Per mode ("AR", "block", and "alone" where every token of the span was measured alone):
+        whether each token overlapping characters [start, end) of the answer is predicted right
+        (argmax)."""
+        inside = self.tokens(start, end)
+        hits = {mode: [right[k] for k in inside] for mode, right in self.right.items()}
+        if inside and all(k in self.alone for k in inside):
+            hits["alone"] = [self.alone[k] for k in inside]
+        return hits
 
 
 @torch.inference_mode()
 def teacher_forced(model, tokenizer, example: Example, block_size: int | None = None,
-                   enable_thinking: bool | None = None) -> TeacherForced:
+                   enable_thinking: bool | None = None,
+                   alone: Sequence[tuple[int, int]] = ()) -> TeacherForced:
     """The logits of both modes on `example`'s chat-formatted answer, given the clean prefix
-    (`block_size` defaults to the checkpoint's generation config, else 32)."""
+    (`block_size` defaults to the checkpoint's generation config, else 32). Each token overlapping a
+    character span [start, end) of the answer in `alone` is also predicted in block mode with only
+    itself masked (one forward per token)."""
     from clover.training.data import Pair, collate
     from clover.training.loss import stream_logits
 
@@ -92,8 +105,14 @@ def teacher_forced(model, tokenizer, example: Example, block_size: int | None = 
     noisy = batch.response_ids.masked_fill(batch.target_mask, model.config.mask_token_id)  # every block masked
     logits = stream_logits(model, batch, noisy, block_size)
     n = len(answer.input_ids)
-    return TeacherForced(chat.answer, list(answer["offset_mapping"]), batch.response_ids[0, :n],
-                         logits.ar[0, :n].float(), logits.diff[0, :n].float())
+    forced = TeacherForced(chat.answer, list(answer["offset_mapping"]), batch.response_ids[0, :n],
+                           logits.ar[0, :n].float(), logits.diff[0, :n].float())
+    for k in sorted({k for start, end in alone for k in forced.tokens(start, end)}):
+        noisy = batch.response_ids.clone()
+        noisy[0, k] = model.config.mask_token_id
+        diff = stream_logits(model, batch, noisy, block_size).diff[0, k]
+        forced.alone[k] = bool(diff.argmax() == batch.response_ids[0, k])
+    return forced
 
 
 def field_losses(model, tokenizer, examples: Sequence[Example], block_size: int | None = None,

@@ -79,7 +79,10 @@ def test_teacher_forced_table_counts_every_line_once_per_part(model, tokenizer, 
     lines = [line for e in examples for line in e.reasoning.splitlines()]
     with torch.inference_mode():
         rows = joint_errors.teacher_forced_table(model, tokenizer, examples)
-    totals = {row.rsplit(None, 4)[0]: int(row.split()[-1].split("/")[1]) for row in rows[1:]}
+    totals = {row.rsplit(None, 5)[0]: int(row.split()[-2].split("/")[1]) for row in rows[1:]}
+    alone = {row.rsplit(None, 5)[0]: row.split()[-1] for row in rows[1:]}  # the yes/no words masked alone
+    assert {part for part, value in alone.items() if value != "-"} == {
+        part for part in totals if part == "yes/no" or part.startswith(("check ", "base ", "derived "))}
     assert totals["question"] == totals["yes/no"] == len(lines)
     assert totals.get("rule", 0) == sum("Anyone who is" in line for line in lines)
     kinds = [part for part in totals if part.startswith(("base", "derived"))]
