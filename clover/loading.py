@@ -4,7 +4,8 @@
 Weights go straight to the target device (no load on CPU, then move). dtype "auto" means bf16 on
 CUDA and fp32 on CPU. `--quantize` is a step after loading, done in place by
 `clover.quantization.quantize_model` (a checkpoint written by `clover quantize` loads quantized
-without it).
+without it). `--checkpoint` replaces the weights by a trainer checkpoint's (`OUT/checkpoints/step-N`
+of `clover train`) before that, to judge a run while it trains.
 """
 
 import logging
@@ -23,6 +24,7 @@ class LoadOptions:
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
     dtype: str = "auto"  # "auto" or a name of clover.dtypes.DTYPE_NAMES
     quantize: str | None = None  # None or one of QUANTIZE_SCHEMES
+    checkpoint: str | None = None  # a trainer checkpoint whose weights replace the checkpoint's
 
     def __post_init__(self):
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
@@ -80,9 +82,30 @@ def load_model(path: str | Path, options: LoadOptions = LoadOptions()):
     log.info("loading %s (%s on %s%s)", path, dtype, device,
              f", {options.quantize}" if options.quantize else "")
     model = CloverMoeForCausalLM.from_pretrained(str(path), dtype=dtype, device_map=str(device))
+    if options.checkpoint is not None:
+        load_trainer_weights(model, options.checkpoint)
     if options.quantize is not None:
         model = quantize(model, options.quantize)
     return model.eval()
+
+
+def load_trainer_weights(model, checkpoint: str | Path) -> None:
+    """Copy a trainer checkpoint's weights into `model` (cast to its dtype and device); a checkpoint
+    of another architecture is refused (ValueError naming the first differing tensors)."""
+    import torch
+
+    from clover.training.checkpointing import load_model_tensors
+
+    log.info("weights from trainer checkpoint %s", checkpoint)
+    tensors = load_model_tensors(checkpoint)
+    own = model.state_dict()
+    missing, extra = sorted(own.keys() - tensors.keys()), sorted(tensors.keys() - own.keys())
+    shapes = sorted(k for k in own.keys() & tensors.keys() if own[k].shape != tensors[k].shape)
+    if missing or extra or shapes:
+        raise ValueError(f"--checkpoint {checkpoint} does not fit this model: missing {missing[:3]}, "
+                         f"unexpected {extra[:3]}, other shapes {shapes[:3]}")
+    with torch.no_grad():
+        model.load_state_dict(tensors, strict=True)
 
 
 def load_tokenizer(path: str | Path):

@@ -1,6 +1,8 @@
 """One loading path (`clover.loading`) behind the same --device/--dtype/--quantize flags of
 generate, eval and serve; from_pretrained's transformers keywords honored or refused."""
 
+import re
+
 import pytest
 import torch
 
@@ -59,3 +61,24 @@ def test_model_commands_share_the_loading_flags(command):
     assert (args.model, args.device, args.dtype, args.quantize) == (None, "cpu", "bf16", "int4")
     defaults = build_parser().parse_args([command])
     assert (defaults.device, defaults.dtype, defaults.quantize) == ("auto", "auto", None)
+
+
+def test_trainer_weights_of_another_architecture_are_refused(model, monkeypatch):
+    """`--checkpoint` copies a trainer checkpoint's tensors in; one that lacks a tensor, has an extra
+    one or another shape is refused by name, and the model's weights are left as they were."""
+    import clover.training.checkpointing as checkpointing
+    from clover.loading import load_trainer_weights
+
+    own = {k: v.clone() for k, v in model.state_dict().items()}
+    first, second = list(own)[:2]
+    for tensors, named in (({k: v for k, v in own.items() if k != first}, first),
+                           ({**own, "extra.weight": torch.zeros(1)}, "extra.weight"),
+                           ({**own, second: torch.zeros(3)}, second)):
+        monkeypatch.setattr(checkpointing, "load_model_tensors", lambda path, t=tensors: t)
+        with pytest.raises(ValueError, match=re.escape(named)):
+            load_trainer_weights(model, "run/checkpoints/step-0000001")
+    assert all(torch.equal(v, own[k]) for k, v in model.state_dict().items())
+    shifted = {k: v + 1 for k, v in own.items()}
+    monkeypatch.setattr(checkpointing, "load_model_tensors", lambda path: shifted)
+    load_trainer_weights(model, "run/checkpoints/step-0000001")
+    assert all(torch.equal(v, shifted[k]) for k, v in model.state_dict().items())

@@ -53,7 +53,8 @@ def run(args) -> int:
     model, tokenizer = load_model_and_tokenizer(directory, load_options(args))
     tasks = [get_task(n) for n in (EVAL_TASKS if args.task == "all" else [args.task])]
     examples = [e for seed in args.seed for e in eval_examples(args.limit, seed=seed, tasks=tasks)]
-    report = evaluate(model, tokenizer, examples, model_name=str(directory), task=args.task,
+    name = f"{directory} with the weights of {args.checkpoint}" if args.checkpoint else str(directory)
+    report = evaluate(model, tokenizer, examples, model_name=name, task=args.task,
                       threshold=args.threshold, block_size=args.block_size,
                       max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar,
                       enable_thinking=args.thinking, with_self_spec=args.self_spec)

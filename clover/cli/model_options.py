@@ -18,6 +18,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto (bf16 on CUDA, fp32 on CPU)")
     parser.add_argument("--quantize", default=None, choices=QUANTIZE_SCHEMES,
                         help="weight-only quantization of the loaded model (clover.quantization)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="a trainer checkpoint (OUT/checkpoints/step-N of `clover train`) whose weights "
+                             "replace --model's, to judge a run while it trains")
 
 
 def model_dir(args: argparse.Namespace, hub_ok: bool = True) -> Path | str:
@@ -39,6 +42,9 @@ def model_dir(args: argparse.Namespace, hub_ok: bool = True) -> Path | str:
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
-    """The checked --device/--dtype/--quantize (an unknown or absent device raises UserError)."""
+    """The checked --device/--dtype/--quantize/--checkpoint (an unknown or absent device, or a
+    --checkpoint folder without weights, raises UserError)."""
     check_device(args.device)
-    return LoadOptions(device=args.device, dtype=args.dtype, quantize=args.quantize)
+    if args.checkpoint is not None and not any(Path(args.checkpoint).glob("*.safetensors")):
+        raise UserError(f"--checkpoint {args.checkpoint}: no trainer checkpoint there (no *.safetensors files)")
+    return LoadOptions(device=args.device, dtype=args.dtype, quantize=args.quantize, checkpoint=args.checkpoint)

@@ -54,6 +54,17 @@ def test_train_resume_and_export(tmp_path, capsys):
     saved = load_model_tensors(latest_checkpoint(run))
     for name, p in model.state_dict().items():
         torch.testing.assert_close(p, saved[name], rtol=0, atol=0, msg=name)
+
+    # the weights of an earlier checkpoint, loaded into the exported model (to judge a run mid-way)
+    from clover.loading import LoadOptions, load_model
+
+    step_2 = run / "checkpoints" / "step-0000002"
+    earlier = load_model(final, LoadOptions(device="cpu", dtype="fp32", checkpoint=str(step_2))).state_dict()
+    assert any(not torch.equal(earlier[name], p) for name, p in model.state_dict().items())
+    for name, p in load_model_tensors(step_2).items():
+        torch.testing.assert_close(earlier[name], p, rtol=0, atol=0, msg=name)
+    assert main(["generate", "--model", str(final), "--checkpoint", str(run), "hi"]) == 2  # no weights there
+    assert "--checkpoint" in capsys.readouterr().err
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("eval/l_diff" in m for m in metrics)
     assert any("eval/acc/mean" in m for m in metrics)  # task accuracy through model.generate
