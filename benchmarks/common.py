@@ -183,9 +183,9 @@ def load_probe_model(args):
     torch.set_num_threads(args.threads)
     path, model, tokenizer = embedded_fp32(args.model)
     if args.checkpoint:
-        from clover.training.checkpointing import load_model_tensors
+        from clover.loading import load_trainer_weights
 
-        model.load_state_dict(load_model_tensors(args.checkpoint), strict=True)
+        load_trainer_weights(model, args.checkpoint)
         path = args.checkpoint
     return path, model, tokenizer
 
