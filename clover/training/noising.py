@@ -3,6 +3,13 @@
 Each block b of a row's response gets its own level t_b ~ U(eps, 1); each target token of the
 block is masked with probability t_b, and at least one per block is masked. Blocks without any
 target (past the end of a shorter row's response) get no mask and t_b = 1.
+
+With `suffix` > 0 (a training option, 0 by default) each block is instead, with that probability,
+masked from a uniformly drawn position to its end (at least its last target), with t_b the share of
+its targets masked. Decoding fills a block roughly from left to right, so a token is mostly decided
+with the tokens to its right still masked; under random masks alone a model can learn to read a
+token off the ones to its right (a written check off the derivation's structure after it), which
+decoding then does not give it.
 """
 
 from dataclasses import dataclass
@@ -38,10 +45,12 @@ def noise_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
 
 
 def sample_block_noise(target_mask: torch.Tensor, block_size: int, eps: float,
-                       generator: torch.Generator) -> BlockNoise:
+                       generator: torch.Generator, suffix: float = 0.0) -> BlockNoise:
     """target_mask [N, R] (bool, R a multiple of block_size) -> a `BlockNoise` drawn on the CPU."""
     if not 0.0 < eps < 1.0:
         raise ValueError(f"eps={eps} must be in (0, 1)")
+    if not 0.0 <= suffix <= 1.0:
+        raise ValueError(f"suffix={suffix} must be in [0, 1]")
     n, r = target_mask.shape
     if r % block_size:
         raise ValueError(f"response length {r} is not a multiple of block_size={block_size}")
@@ -54,12 +63,27 @@ def sample_block_noise(target_mask: torch.Tensor, block_size: int, eps: float,
     force = torch.zeros_like(masked).scatter(-1, forced, True) & targets
     needs_one = ~masked.any(-1, keepdim=True)
     masked = masked | (force & needs_one)
+    if suffix:  # extra draws only with the option, so the default noise is unchanged
+        masked, levels = _suffix_masks(targets, masked, levels, suffix, generator)
     levels = torch.where(targets.any(-1), levels, torch.ones_like(levels))
     return BlockNoise(levels, masked.view(n, r))
 
 
+def _suffix_masks(targets: torch.Tensor, masked: torch.Tensor, levels: torch.Tensor, suffix: float,
+                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replace each block's mask [N, nb, B], with probability `suffix`, by one over its positions from
+    a uniform cut to the end (at least its last target); its level becomes the share masked."""
+    n, nb, size = targets.shape
+    chosen = torch.rand(n, nb, generator=generator) < suffix
+    last = torch.where(targets.any(-1), size - 1 - targets.flip(-1).int().argmax(-1), 0)  # last target
+    cut = (torch.rand(n, nb, generator=generator) * (last + 1)).long()  # in [0, last]
+    tail = (torch.arange(size) >= cut[..., None]) & targets
+    share = tail.sum(-1) / targets.sum(-1).clamp(min=1)
+    return torch.where(chosen[..., None], tail, masked), torch.where(chosen, share, levels)
+
+
 def sample_example_noise(target_mask: torch.Tensor, block_size: int, eps: float,
-                         generators: list[torch.Generator]) -> BlockNoise:
+                         generators: list[torch.Generator], suffix: float = 0.0) -> BlockNoise:
     """Like `sample_block_noise`, but row i draws from `generators[i]` and only for its own blocks
     with targets, so a row's noise does not depend on which rows share its batch (padding)."""
     n, r = target_mask.shape
@@ -69,6 +93,6 @@ def sample_example_noise(target_mask: torch.Tensor, block_size: int, eps: float,
     masked = torch.zeros(n, r, dtype=torch.bool)
     for i, gen in enumerate(generators):
         blocks = -(-int(target_mask[i].sum()) // block_size)  # targets are a prefix of the row
-        row = sample_block_noise(target_mask[i:i + 1, :blocks * block_size], block_size, eps, gen)
+        row = sample_block_noise(target_mask[i:i + 1, :blocks * block_size], block_size, eps, gen, suffix)
         levels[i, :blocks], masked[i, :blocks * block_size] = row.levels[0], row.masked[0]
     return BlockNoise(levels, masked)

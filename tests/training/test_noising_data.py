@@ -23,6 +23,29 @@ def test_noise_is_per_block_seeded_and_only_on_targets():
     assert torch.equal(noise.per_token_levels(8)[:, 8:16], noise.levels[:, 1:2].expand(64, 8))
 
 
+def test_suffix_masks_cover_a_block_from_a_cut_to_its_last_target():
+    """With `suffix`, a block is masked from a drawn position to its end, with the share of its targets
+    masked as its level; the share of such blocks follows `suffix`, the cut covers every position, and
+    `suffix=0` draws exactly the default noise."""
+    targets = torch.ones(512, 32, dtype=torch.bool)
+    targets[:, 20:] = False  # block 2 has 4 targets, block 3 none
+    assert torch.equal(sample_block_noise(targets, 8, 0.2, noise_generator(1, 2), 0.0).masked,
+                       sample_block_noise(targets, 8, 0.2, noise_generator(1, 2)).masked)
+    noise = sample_block_noise(targets, 8, 0.2, noise_generator(1, 2), 0.5)
+    blocks, levels = noise.masked.view(512, 4, 8), noise.levels
+    assert not (noise.masked & ~targets).any() and (blocks[:, 3] == 0).all() and (levels[:, 3] == 1).all()
+    counts = targets.view(512, 4, 8).sum(-1)
+    first = torch.where(blocks.any(-1), blocks.int().argmax(-1), 8)
+    tail = (torch.arange(8) >= first[..., None]) & targets.view(512, 4, 8)  # from `first` to the last target
+    is_tail = (blocks == tail).all(-1) & blocks.any(-1)
+    suffixed = is_tail[:, :3] & torch.isclose(levels[:, :3], blocks[:, :3].sum(-1) / counts[:, :3])
+    assert 0.45 < suffixed[:, :2].float().mean() < 0.62  # half chosen, plus random masks that look alike
+    assert set(first[:, 1][suffixed[:, 1]].tolist()) == set(range(8))
+    assert set(first[:, 2][suffixed[:, 2]].tolist()) == {0, 1, 2, 3}  # never past the last target
+    with pytest.raises(ValueError, match="suffix=1.5 must be in"):
+        sample_block_noise(targets, 8, 0.2, noise_generator(1, 2), 1.5)
+
+
 def test_mask_rate_follows_the_level():
     targets = torch.ones(4000, 32, dtype=torch.bool)
     noise = sample_block_noise(targets, 32, 0.01, noise_generator(0, 0))
