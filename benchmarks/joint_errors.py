@@ -128,7 +128,9 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
         if ("AR", part) in lines:
             ar, block = ((tokens[m, part][0] / tokens[m, part][1], "{}/{}".format(*lines[m, part]))
                          for m in ("AR", "block"))
-            alone = f"{tokens['alone', part][0] / tokens['alone', part][1]:.3f}" if ("alone", part) in lines else "-"
+            alone = "-"
+            if ("alone", part) in lines:
+                alone = f"{tokens['alone', part][0] / tokens['alone', part][1]:.3f}"
             rows.append(f"{part:<22}{ar[0]:>10.3f}{ar[1]:>10}{block[0]:>14.3f}{block[1]:>13}{alone:>7}")
     return rows
 

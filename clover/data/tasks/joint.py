@@ -32,7 +32,7 @@ within the model's short convolution when it predicts the next token causally); 
 mode predicts a token at its own position, one token later than causal mode does, so its
 convolution window ends one token later; with a space token between the pair and its word (paired)
 the first property falls out of that window, with the sign glued on (signed) both modes' windows
-hold both properties.
+hold both properties (the window turned out not to be what holds block mode back: BENCHMARKS.md).
 
 With ``balanced`` (a training option, off by default) each question is drawn so that its answer
 is yes or no with equal odds, whatever the pilot's fact line holds. Drawn uniformly, a base property
@@ -58,7 +58,7 @@ INSTRUCTION = "Answer every question with yes or no, all on one line."
 
 _BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
 _DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
-CHECKS = (*CHECK_LAYOUTS, "signed")
+_CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed")  # joint writes its checks in one more layout
 _SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
 
@@ -77,7 +77,7 @@ class JointTask(Task):
                              f"got {min_questions}..{max_questions}")
         if max_rules not in (2, 3):
             raise ValueError(f"max_rules must be 2 or 3, got {max_rules}")
-        if check_layout(checks, reasoning, CHECKS) and chain:
+        if check_layout(checks, reasoning, _CHECK_LAYOUTS) and chain:
             raise ValueError(f"checks={checks!r} needs chain=False (a chained condition is not in the fact "
                              f"line), got chain=True")
         self.min_questions = min_questions
