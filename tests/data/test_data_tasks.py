@@ -189,12 +189,14 @@ def test_joint_balanced_answers_do_not_follow_the_fact_line_length():
         "Fay is trained.", "Kim is insured.", "Ivy is trained."]
 
 
-@pytest.mark.parametrize("layout", ["listed", "paired", "signed"])
+@pytest.mark.parametrize("layout", ["listed", "paired", "signed", "signed_all"])
 def test_joint_checks_write_each_condition_against_the_fact_line(layout):
     """With `checks`, each line checks the asked property (or the rule's conditions, in order) against
     the fact line's properties one by one, until found, stopping after a condition not found; the
-    last check's word is the answer. The option changes nothing else: same prompts and answers, and
-    the same lines with the checks taken out."""
+    last check's word is the answer (`signed_all`: every condition against every property, and the
+    answer is yes when each condition has a yes). The option changes nothing else: same prompts and
+    answers, and the same lines with the checks taken out."""
+    every = layout == "signed_all"
     plain, checked = get_task("joint", balanced=True), get_task("joint", balanced=True, checks=layout)
     seen = set()
     for seed in range(200):
@@ -218,17 +220,20 @@ def test_joint_checks_write_each_condition_against_the_fact_line(layout):
                     pairs = [t.split(" ") for t in tried.split(", ")]
                 else:
                     tried = sentence.rstrip(".").split(", ")
-                    pairs = ([(t[:-1], {"+": "yes", "-": "no"}[t[-1]]) for t in tried] if layout == "signed"
+                    pairs = ([(t[:-1], {"+": "yes", "-": "no"}[t[-1]]) for t in tried] if layout.startswith("signed")
                              else [t.split(" ") for t in tried])
                     names = {p.split("=")[1] for p, _ in pairs}
                     assert len(names) == 1
                     name, pairs = names.pop(), [(p.split("=")[0], w) for p, w in pairs]
                 assert name == condition and [h for h, _ in pairs] == held[:len(pairs)]
                 assert [w for _, w in pairs] == ["yes" if h == condition else "no" for h, _ in pairs]
-                assert pairs[-1][1] == "yes" or len(pairs) == len(held)  # stops once found
-                words.append(pairs[-1][1])
+                assert len(pairs) == len(held) if every else (pairs[-1][1] == "yes" or len(pairs) == len(held))
+                words.append("yes" if "yes" in [w for _, w in pairs] else "no")
             assert len(words) == len(checks.split(". "))
-            assert words[-1] == verdict and "no" not in words[:-1]  # stops after a condition not found
+            if every:  # every condition checked; yes when each has a yes
+                assert len(words) == len(conditions) and verdict == ("no" if "no" in words else "yes")
+            else:  # stops after a condition not found
+                assert words[-1] == verdict and "no" not in words[:-1]
             seen.add((len(words), verdict))
     assert {(1, "yes"), (1, "no"), (2, "yes"), (2, "no")} <= seen
     with pytest.raises(ValueError, match="chain=True"):

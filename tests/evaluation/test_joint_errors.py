@@ -26,7 +26,7 @@ def _output(lines, answer):
     return "<think>\n" + "\n".join(lines) + "\n</think>\n\n" + answer
 
 
-@pytest.mark.parametrize("checks", ["", "listed", "paired", "signed"])
+@pytest.mark.parametrize("checks", ["", "listed", "paired", "signed", "signed_all"])
 def test_each_part_of_a_derivation_line_is_told_apart(checks):
     example = _example(checks=checks)
     lines = example.reasoning.splitlines()
@@ -54,7 +54,7 @@ def test_each_part_of_a_derivation_line_is_told_apart(checks):
     assert joint_errors.first_error(_output(lines[:-1], example.answer), example.reasoning)[0] == "format"
 
 
-@pytest.mark.parametrize("checks", ["", "listed", "paired", "signed"])
+@pytest.mark.parametrize("checks", ["", "listed", "paired", "signed", "signed_all"])
 def test_part_spans_cover_each_part_of_a_line_in_order(checks):
     """The teacher-forced table labels a line's characters by part: the spans are the parts' texts,
     in order, and a base property's line has no rule part."""
@@ -69,7 +69,7 @@ def test_part_spans_cover_each_part_of_a_line_in_order(checks):
         assert joint_errors.verdict_kind(line) == f"{'derived' if derived else 'base'} {line.rsplit(' ', 1)[1]}"
 
 
-@pytest.mark.parametrize("checks", ["", "listed", "paired", "signed"])
+@pytest.mark.parametrize("checks", ["", "listed", "paired", "signed", "signed_all"])
 def test_teacher_forced_table_counts_every_line_once_per_part(model, tokenizer, checks):
     """On a tiny random model: each part's line count is the number of derivation lines that have it
     (the rule only on derived lines), the verdict kinds add up to the yes/no row, the kinds split

@@ -33,6 +33,10 @@ mode predicts a token at its own position, one token later than causal mode does
 convolution window ends one token later; with a space token between the pair and its word (paired)
 the first property falls out of that window, with the sign glued on (signed) both modes' windows
 hold both properties (the window turned out not to be what holds block mode back: BENCHMARKS.md).
+``checks="signed_all"`` checks every condition against every stated property, so how many checks a
+line writes does not depend on their signs (in the other layouts a condition's checks stop after a
+"+", which block mode learns to read the sign from); the answer is then yes when every condition
+has a "+".
 
 With ``balanced`` (a training option, off by default) each question is drawn so that its answer
 is yes or no with equal odds, whatever the pilot's fact line holds. Drawn uniformly, a base property
@@ -58,7 +62,7 @@ INSTRUCTION = "Answer every question with yes or no, all on one line."
 
 _BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
 _DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
-_CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed")  # joint writes its checks in one more layout
+_CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its checks in two more layouts
 _SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
 
@@ -225,13 +229,14 @@ def _checks(held_in_order: list[str], conditions: tuple[str, ...], layout: str) 
     licensed=rested-, insured=rested-.``."""
     if not held_in_order:
         return ""
+    every = layout == "signed_all"  # every condition against every stated property
     lines = []
     for condition in conditions:
         found = condition in held_in_order
-        tried = held_in_order[:held_in_order.index(condition) + 1] if found else held_in_order
+        tried = held_in_order[:held_in_order.index(condition) + 1] if found and not every else held_in_order
         checks = ", ".join(_check(held, condition, layout) for held in tried)
         lines.append(f"{condition}: {checks}." if layout == "listed" else f"{checks}.")
-        if not found:
+        if not found and not every:
             break
     return " ".join(lines)
 
@@ -239,7 +244,7 @@ def _checks(held_in_order: list[str], conditions: tuple[str, ...], layout: str) 
 def _check(held: str, condition: str, layout: str) -> str:
     if layout == "listed":
         return f"{held} {_yn(held == condition)}"
-    if layout == "signed":
+    if layout in ("signed", "signed_all"):
         return f"{held}={condition}{_SIGN[held == condition]}"
     return f"{held}={condition} {_yn(held == condition)}"
 
