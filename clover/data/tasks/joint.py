@@ -22,7 +22,7 @@ With ``checks`` (a training option, off by default) each line also writes the ch
 answer: each condition (the asked base property, or the rule's conditions in order) against the fact
 line's properties one by one, until it is found or the line ends, and no further once a condition
 fails. The answer is then the last check's, so no step needs the whole fact line at once (without
-the checks the model learns to answer by the line's length). Two layouts:
+the checks the model learns to answer by the line's length). Four layouts:
 ``checks="listed"``: ``4. Is Mia cleared? Mia is licensed and rested. Anyone who is insured and
 rested is cleared. insured: licensed no, rested no. no`` (each property compared with the condition
 written a few tokens before); ``checks="paired"``: ``... cleared. licensed=insured no, rested=insured
@@ -34,9 +34,9 @@ convolution window ends one token later; with a space token between the pair and
 the first property falls out of that window, with the sign glued on (signed) both modes' windows
 hold both properties (the window turned out not to be what holds block mode back: BENCHMARKS.md).
 ``checks="signed_all"`` checks every condition against every stated property, so how many checks a
-line writes does not depend on their signs (in the other layouts a condition's checks stop after a
-"+", which block mode learns to read the sign from); the answer is then yes when every condition
-has a "+".
+line writes does not depend on their outcomes (in the other layouts a condition's checks stop at its
+match, and block mode learns to read a check's outcome from where they stop); the answer is then yes
+when every condition has a "+".
 
 With ``balanced`` (a training option, off by default) each question is drawn so that its answer
 is yes or no with equal odds, whatever the pilot's fact line holds. Drawn uniformly, a base property
