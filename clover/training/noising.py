@@ -72,13 +72,14 @@ def sample_block_noise(target_mask: torch.Tensor, block_size: int, eps: float,
 def _suffix_masks(targets: torch.Tensor, masked: torch.Tensor, levels: torch.Tensor, suffix: float,
                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Replace each block's mask [N, nb, B], with probability `suffix`, by one over its positions from
-    a uniform cut to the end (at least its last target); its level becomes the share masked."""
+    a uniform cut to the end (at least its last target: a block's targets are a prefix of it); its
+    level becomes the share masked."""
     n, nb, size = targets.shape
     chosen = torch.rand(n, nb, generator=generator) < suffix
-    last = torch.where(targets.any(-1), size - 1 - targets.flip(-1).int().argmax(-1), 0)  # last target
-    cut = (torch.rand(n, nb, generator=generator) * (last + 1)).long()  # in [0, last]
+    count = targets.sum(-1)  # [N, nb] targets per block
+    cut = (torch.rand(n, nb, generator=generator) * count).long()  # in [0, count - 1]
     tail = (torch.arange(size) >= cut[..., None]) & targets
-    share = tail.sum(-1) / targets.sum(-1).clamp(min=1)
+    share = tail.sum(-1) / count.clamp(min=1)
     return torch.where(chosen[..., None], tail, masked), torch.where(chosen, share, levels)
 
 

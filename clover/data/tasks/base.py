@@ -24,7 +24,7 @@ from typing import Any
 
 SPLITS: tuple[str, ...] = ("train", "eval")
 CHECK_LAYOUTS: tuple[str, ...] = ("", "listed", "paired")  # a task's `checks` option: none, or how
-# the think block writes each check (joint, airspace: their module docstrings); joint adds "signed"
+# the think block writes each check (joint, airspace: their module docstrings); joint adds two more
 SPLIT_MODULUS = 10
 _MAX_ATTEMPTS = 10_000
 
