@@ -1,0 +1,51 @@
+"""`benchmarks/check_noise_probe.py`: its rows write joint's signed checks, and its `clover` noise is
+the trainer's."""
+
+import random
+
+import torch
+
+from benchmark_script import load_benchmark
+from clover.training.noising import noise_generator, sample_block_noise
+
+probe = load_benchmark("check_noise_probe")
+
+
+def test_each_sign_says_whether_the_two_words_before_it_are_equal():
+    ids = probe.batch(random.Random(0), 200)
+    signs = ids[:, probe.SIGNS]
+    assert set(signs.unique().tolist()) == {probe.PLUS, probe.MINUS}
+    equal = ids[:, probe.SIGNS - 3] == ids[:, probe.SIGNS - 1]
+    assert bool(((signs == probe.PLUS) == equal).all())
+    assert bool((ids[:, probe.SIGNS - 2] == probe.EQUALS).all())
+    assert 0.4 < equal.float().mean().item() < 0.6
+
+
+def test_checks_noise_masks_only_signs_and_at_least_one_per_row():
+    ids = probe.batch(random.Random(1), 64)
+    masked, level = probe.block_noise(ids, "checks", 0.1, 0.0, noise_generator(0, 1))
+    others = torch.ones(ids.shape[1], dtype=torch.bool)
+    others[probe.SIGNS] = False
+    assert not masked[:, others].any() and bool(masked.any(-1).all())
+    assert bool((level == 0.5).all())
+
+
+def test_clover_noise_is_the_trainers_over_the_row_after_its_first_token():
+    ids = probe.batch(random.Random(2), 16)
+    for suffix in (0.0, 1.0):
+        masked, level = probe.block_noise(ids, "clover", 0.1, suffix, noise_generator(3, 4))
+        targets = torch.ones(16, ids.shape[1] - 1, dtype=torch.bool)
+        trainer = sample_block_noise(targets, ids.shape[1] - 1, 0.1, noise_generator(3, 4), suffix)
+        assert not masked[:, 0].any()
+        assert torch.equal(masked[:, 1:], trainer.masked) and torch.equal(level, trainer.levels)
+    tail = masked[:, 1:].int()  # suffix 1.0: each row masked from a cut to its end
+    assert bool((tail.diff(dim=-1) >= 0).all())
+
+
+def test_losses_and_accuracies_are_finite_and_in_range():
+    model = probe.small_model(0)
+    ids = probe.batch(random.Random(3), 8)
+    masked, level = probe.block_noise(ids, "clover", 0.1, 0.0, noise_generator(0, 1))
+    assert torch.isfinite(probe.losses(model, ids, masked, level))
+    ar, block = probe.sign_accuracy(model, ids)
+    assert 0.0 <= ar <= 1.0 and 0.0 <= block <= 1.0
