@@ -6,7 +6,8 @@ wrong when the text to the sign's right is still masked (BENCHMARKS.md). This pr
 4-layer Clover model (hidden 96, `membership_probe.small_model`) from scratch on rows of such checks
 (A and B drawn from 6 one-token properties, equal half the time; the row after its first token is
 one block) with both Clover losses: AR on every token, and block mode on a noisy copy of the row,
-cross-entropy over the masked tokens weighted 1/t as the trainer does (`clover.training.loss`).
+cross-entropy over the masked tokens weighted 1/t as the trainer does (`clover.training.loss`), or
+with `--signs-only` over the masked signs alone.
 The noise is either
 
 - `checks`: each sign masked with probability 1/2 (at least one), every other token shown (t = 1/2);
@@ -73,13 +74,17 @@ def block_noise(ids: torch.Tensor, noise: str, eps: float, suffix: float,
     return torch.cat((torch.zeros(n, 1, dtype=torch.bool), drawn.masked), dim=1), drawn.levels
 
 
-def losses(model, ids: torch.Tensor, masked: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
-    """Clover's two losses on rows that are one block after their first token."""
+def losses(model, ids: torch.Tensor, masked: torch.Tensor, level: torch.Tensor,
+           signs_only: bool = False) -> torch.Tensor:
+    """Clover's two losses on rows that are one block after their first token; with `signs_only`
+    the block loss counts the masked signs alone."""
     ar = model(ids).logits[:, :-1]
     l_ar = F.cross_entropy(ar.flatten(0, 1), ids[:, 1:].flatten())
     noisy = ids.masked_fill(masked, model.config.mask_token_id)
     block = model(noisy, block_len=ids.shape[1] - 1).logits
     ce = F.cross_entropy(block.flatten(0, 1), ids.flatten(), reduction="none").view(ids.shape)
+    if signs_only:
+        masked = masked & torch.isin(torch.arange(ids.shape[1]), SIGNS)
     l_diff = (ce * masked / level).sum() / (ids.shape[0] * (ids.shape[1] - 1))
     return l_ar + l_diff
 
@@ -100,6 +105,7 @@ def main() -> None:
     parser.add_argument("--noise", choices=("checks", "clover"), default="clover")
     parser.add_argument("--eps", type=float, default=0.1, help="clover noise: the lowest level t")
     parser.add_argument("--suffix", type=float, default=0.0, help="clover noise: share of suffix-masked rows")
+    parser.add_argument("--signs-only", action="store_true", help="block loss on the masked signs alone")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -112,6 +118,7 @@ def main() -> None:
     held_out = batch(random.Random(12345), 512)
     rng, start = random.Random(args.seed + 1), time.time()
     noise = args.noise if args.noise == "checks" else f"clover (eps {args.eps}, suffix {args.suffix})"
+    noise += ", block loss on the signs alone" if args.signs_only else ""
     print(f"noise {noise}, seed {args.seed}, lr {args.lr}, batch 64, {args.threads} thread(s); "
           f"held-out: 512 rows of {CHECKS} signs, every sign masked in block mode")
     for step in range(1, args.steps + 1):
@@ -119,7 +126,7 @@ def main() -> None:
             group["lr"] = args.lr * min(1.0, step / 20)
         ids = batch(rng, 64)
         masked, level = block_noise(ids, args.noise, args.eps, args.suffix, noise_generator(args.seed, step))
-        loss = losses(model, ids, masked, level)
+        loss = losses(model, ids, masked, level, args.signs_only)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

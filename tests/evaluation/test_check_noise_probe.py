@@ -49,3 +49,16 @@ def test_losses_and_accuracies_are_finite_and_in_range():
     assert torch.isfinite(probe.losses(model, ids, masked, level))
     ar, block = probe.sign_accuracy(model, ids)
     assert 0.0 <= ar <= 1.0 and 0.0 <= block <= 1.0
+
+
+def test_signs_only_counts_no_other_masked_token():
+    model = probe.small_model(0)
+    ids = probe.batch(random.Random(4), 8)
+    masked = torch.zeros_like(ids, dtype=torch.bool)
+    masked[:, probe.SIGNS - 1] = True  # only the words before the signs
+    level = torch.full((8, 1), 0.5)
+    with torch.no_grad():
+        both = probe.losses(model, ids, masked, level)
+        signs_only = probe.losses(model, ids, masked, level, signs_only=True)
+        ar_only = probe.losses(model, ids, torch.zeros_like(masked), level)
+    assert torch.allclose(signs_only, ar_only) and both > signs_only
