@@ -40,6 +40,7 @@ from clover.training.noising import noise_generator, sample_block_noise  # noqa:
 EQUALS, COMMA = AND, DOT  # any two fixed one-token words serve
 PLUS, MINUS = YES, NO
 CHECKS = 4  # per row
+SIGNS = torch.tensor([4 + 5 * k for k in range(CHECKS)])  # positions of the signs in a row
 
 
 def sample(rng: random.Random) -> list[int]:
@@ -50,9 +51,6 @@ def sample(rng: random.Random) -> list[int]:
         b = a if rng.random() < 0.5 else rng.choice([p for p in PROPERTIES if p != a])
         tokens += [a, EQUALS, b, PLUS if a == b else MINUS, COMMA]
     return tokens
-
-
-SIGNS = torch.tensor([4 + 5 * k for k in range(CHECKS)])  # positions of the signs in a row
 
 
 def batch(rng: random.Random, n: int) -> torch.Tensor:
