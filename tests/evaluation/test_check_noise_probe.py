@@ -1,12 +1,14 @@
-"""`benchmarks/check_noise_probe.py`: its rows write joint's signed checks, and its `clover` noise is
-the trainer's."""
+"""`benchmarks/check_noise_probe.py`: its rows write joint's signed checks, and its `clover` noise and
+its losses are the trainer's."""
 
 import random
 
 import torch
 
 from benchmark_script import load_benchmark
-from clover.training.noising import noise_generator, sample_block_noise
+from clover.training.data import Batch
+from clover.training.loss import joint_loss, stream_logits
+from clover.training.noising import BlockNoise, noise_generator, sample_block_noise
 
 probe = load_benchmark("check_noise_probe")
 
@@ -62,3 +64,17 @@ def test_signs_only_counts_no_other_masked_token():
         signs_only = probe.losses(model, ids, masked, level, signs_only=True)
         ar_only = probe.losses(model, ids, torch.zeros_like(masked), level)
     assert torch.allclose(signs_only, ar_only) and both > signs_only
+
+
+def test_the_probes_losses_are_the_trainers_joint_loss_at_alpha_one():
+    model = probe.small_model(0)
+    ids = probe.batch(random.Random(5), 4)
+    masked, level = probe.block_noise(ids, "clover", 0.1, 0.0, noise_generator(1, 2))
+    block = ids.shape[1] - 1
+    targets = torch.ones(4, block, dtype=torch.bool)
+    batch = Batch(ids[:, :1], torch.ones(4, 1, dtype=torch.long), ids[:, 1:], targets)  # prompt: the first token
+    noisy = ids[:, 1:].masked_fill(masked[:, 1:], model.config.mask_token_id)
+    with torch.no_grad():
+        logits = stream_logits(model, batch, noisy, block)
+        trainer = joint_loss(logits, batch, BlockNoise(level, masked[:, 1:]), block, alpha=1.0).total
+        assert torch.allclose(probe.losses(model, ids, masked, level), trainer, atol=1e-5)
