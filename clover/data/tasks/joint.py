@@ -222,21 +222,22 @@ def _rule_line(rule: Rule) -> str:
 
 def _checks(held_in_order: list[str], conditions: tuple[str, ...], layout: str) -> str:
     """Each condition against the stated properties in order until found, stopping after the first
-    condition not found; empty when nothing is stated. The answer is then the last check's word.
-    Stated licensed and insured, conditions insured and rested: ``insured: licensed no, insured yes.
-    rested: licensed no, insured no.``, paired ``licensed=insured no, insured=insured yes.
-    licensed=rested no, insured=rested no.``, or signed ``licensed=insured-, insured=insured+.
+    condition not found (``signed_all``: every condition against every stated property); empty when
+    nothing is stated. Except in signed_all, the answer is then the last check's word. Stated
+    licensed and insured, conditions insured and rested: ``insured: licensed no, insured yes. rested:
+    licensed no, insured no.``, paired ``licensed=insured no, insured=insured yes. licensed=rested no,
+    insured=rested no.``, or signed (here also signed_all) ``licensed=insured-, insured=insured+.
     licensed=rested-, insured=rested-.``."""
     if not held_in_order:
         return ""
-    every = layout == "signed_all"  # every condition against every stated property
+    stops = layout != "signed_all"  # at a condition's match, and after a condition not found
     lines = []
     for condition in conditions:
         found = condition in held_in_order
-        tried = held_in_order[:held_in_order.index(condition) + 1] if found and not every else held_in_order
+        tried = held_in_order[:held_in_order.index(condition) + 1] if stops and found else held_in_order
         checks = ", ".join(_check(held, condition, layout) for held in tried)
         lines.append(f"{condition}: {checks}." if layout == "listed" else f"{checks}.")
-        if not found and not every:
+        if stops and not found:
             break
     return " ".join(lines)
 
