@@ -13,12 +13,13 @@ The noise is either
 - `checks`: each sign masked with probability 1/2 (at least one), every other token shown (t = 1/2);
 - `clover`: the trainer's own (`clover.training.noising.sample_block_noise`): a level t ~ U(eps, 1),
   every token masked with probability t, or with `--suffix S` that share of rows masked from a
-  uniform cut to the end.
+  uniform cut to the end. `--max-level M` draws t ~ U(eps, M) (the trainer's `max_level`), from step
+  `--max-level-from` on (1 before it), its bound rising from 2 eps to M over the first `--ramp` steps.
 
 It reports held-out accuracy of the signs in each mode as it trains: in block mode with every sign
 masked and the rest of the row shown (chance 0.5):
 
-    python benchmarks/check_noise_probe.py --noise checks|clover [--eps 0.1] [--suffix 0] [--steps 400]
+    python benchmarks/check_noise_probe.py --noise checks|clover [--eps 0.1] [--max-level 1] [--suffix 0] [--steps 400]
 
 About 0.1-0.2 s a step on one core (batch 64).
 """
@@ -58,7 +59,7 @@ def batch(rng: random.Random, n: int) -> torch.Tensor:
 
 
 def block_noise(ids: torch.Tensor, noise: str, eps: float, suffix: float,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                generator: torch.Generator, max_level: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(masked [n, L] bool, level t [n, 1]) over the block (every token after the first)."""
     n, length = ids.shape
     if noise == "checks":
@@ -68,8 +69,16 @@ def block_noise(ids: torch.Tensor, noise: str, eps: float, suffix: float,
         masked[:, SIGNS] = signs
         return masked, torch.full((n, 1), 0.5)
     targets = torch.ones(n, length - 1, dtype=torch.bool)
-    drawn = sample_block_noise(targets, length - 1, eps, generator, suffix)
+    drawn = sample_block_noise(targets, length - 1, eps, generator, suffix, max_level)
     return torch.cat((torch.zeros(n, 1, dtype=torch.bool), drawn.masked), dim=1), drawn.levels
+
+
+def highest_level(step: int, max_level: float, ramp: int, eps: float) -> float:
+    """The highest noise level at `step` (counted from where `max_level` starts): 1 before it, then
+    rising linearly from 2 eps to `max_level` over `ramp` steps, then `max_level`."""
+    if step < 0:
+        return 1.0
+    return max_level if step >= ramp else 2 * eps + (max_level - 2 * eps) * step / ramp
 
 
 def losses(model, ids: torch.Tensor, masked: torch.Tensor, level: torch.Tensor,
@@ -102,6 +111,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--noise", choices=("checks", "clover"), default="clover")
     parser.add_argument("--eps", type=float, default=0.1, help="clover noise: the lowest level t")
+    parser.add_argument("--max-level", type=float, default=1.0, help="clover noise: the highest level t")
+    parser.add_argument("--ramp", type=int, default=0,
+                        help="clover noise: raise the highest level linearly from 2 eps to --max-level over these steps")
+    parser.add_argument("--max-level-from", type=int, default=0,
+                        help="clover noise: the step --max-level (and --ramp) starts at; before it the highest level is 1")
     parser.add_argument("--suffix", type=float, default=0.0, help="clover noise: share of suffix-masked rows")
     parser.add_argument("--signs-only", action="store_true", help="block loss on the masked signs alone")
     parser.add_argument("--steps", type=int, default=400)
@@ -115,7 +129,9 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     held_out = batch(random.Random(12345), 512)
     rng, start = random.Random(args.seed + 1), time.time()
-    noise = args.noise if args.noise == "checks" else f"clover (eps {args.eps}, suffix {args.suffix})"
+    noise = args.noise if args.noise == "checks" else (
+        f"clover (eps {args.eps}, max level {args.max_level} from step {args.max_level_from}, ramp {args.ramp}, "
+        f"suffix {args.suffix})")
     noise += ", block loss on the signs alone" if args.signs_only else ""
     print(f"noise {noise}, seed {args.seed}, lr {args.lr}, batch 64, {args.threads} thread(s); "
           f"held-out: 512 rows of {CHECKS} signs, every sign masked in block mode")
@@ -123,7 +139,9 @@ def main() -> None:
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 20)
         ids = batch(rng, 64)
-        masked, level = block_noise(ids, args.noise, args.eps, args.suffix, noise_generator(args.seed, step))
+        max_level = highest_level(step - args.max_level_from, args.max_level, args.ramp, args.eps)
+        masked, level = block_noise(ids, args.noise, args.eps, args.suffix, noise_generator(args.seed, step),
+                                    max_level)
         loss = losses(model, ids, masked, level, args.signs_only)
         optimizer.zero_grad()
         loss.backward()

@@ -41,6 +41,7 @@ class TrainConfig:
     block_size: int
     alpha: float = 1.0  # weight of L_diff
     eps: float = 1e-3  # lower bound of the per-block noise level
+    max_level: float = 1.0  # upper bound of the per-block noise level
     suffix_mask: float = 0.0  # share of blocks masked from a random position to their end (noising.py)
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
@@ -66,6 +67,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive")
+        if not self.eps < self.max_level <= 1.0:
+            raise ValueError(f"max_level={self.max_level} must be in (eps={self.eps}, 1]")
         if not 0.0 <= self.suffix_mask <= 1.0:
             raise ValueError(f"suffix_mask={self.suffix_mask} must be in [0, 1]")
 
@@ -134,7 +137,7 @@ class Trainer:
         positions = self.dataset.rank_slice(rank, world)  # this rank's rows in the global batch
         noise = sample_example_noise(batch.target_mask, cfg.block_size, cfg.eps,
                                      [noise_generator(cfg.seed, self.step, i) for i in positions],
-                                     cfg.suffix_mask)
+                                     cfg.suffix_mask, cfg.max_level)
         global_targets, = all_reduce_sum([batch.num_targets], self.dist)
         batch, noise = batch.to(self.device), noise.to(self.device)
         self.model.train()

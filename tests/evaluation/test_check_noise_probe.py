@@ -3,6 +3,7 @@ its losses are the trainer's."""
 
 import random
 
+import pytest
 import torch
 
 from benchmark_script import load_benchmark
@@ -42,6 +43,15 @@ def test_clover_noise_is_the_trainers_over_the_row_after_its_first_token():
         assert torch.equal(masked[:, 1:], trainer.masked) and torch.equal(level, trainer.levels)
     tail = masked[:, 1:].int()  # suffix 1.0: each row masked from a cut to its end
     assert bool((tail.diff(dim=-1) >= 0).all())
+    low = probe.block_noise(ids, "clover", 0.1, 0.0, noise_generator(3, 4), max_level=0.5)
+    trainer = sample_block_noise(targets, ids.shape[1] - 1, 0.1, noise_generator(3, 4), max_level=0.5)
+    assert torch.equal(low[0][:, 1:], trainer.masked) and torch.equal(low[1], trainer.levels)
+
+
+def test_highest_level_is_one_before_its_start_then_ramps_to_max_level():
+    assert [probe.highest_level(step, 0.5, 0, 0.1) for step in (-1, 0, 99)] == [1.0, 0.5, 0.5]
+    ramp = [probe.highest_level(step, 1.0, 100, 0.1) for step in (-1, 0, 50, 100, 500)]
+    assert ramp == pytest.approx([1.0, 0.2, 0.6, 1.0, 1.0])
 
 
 def test_losses_and_accuracies_are_finite_and_in_range():

@@ -46,6 +46,18 @@ def test_suffix_masks_cover_a_block_from_a_cut_to_its_last_target():
         sample_block_noise(targets, 8, 0.2, noise_generator(1, 2), 1.5)
 
 
+def test_max_level_caps_the_levels_and_one_draws_the_default_noise():
+    targets = torch.ones(2000, 32, dtype=torch.bool)
+    default = sample_block_noise(targets, 8, 0.1, noise_generator(1, 2))
+    same = sample_block_noise(targets, 8, 0.1, noise_generator(1, 2), max_level=1.0)
+    assert torch.equal(default.masked, same.masked) and torch.equal(default.levels, same.levels)
+    low = sample_block_noise(targets, 8, 0.1, noise_generator(1, 2), max_level=0.5)
+    assert low.levels.min() >= 0.1 and low.levels.max() < 0.5 and low.levels.max() > 0.49
+    assert 0.28 < low.masked.float().mean() < 0.33  # the mean level 0.3, a little more for the forced mask
+    with pytest.raises(ValueError, match=r"max_level=0.1 must be in \(eps=0.1, 1\]"):
+        sample_block_noise(targets, 8, 0.1, noise_generator(1, 2), max_level=0.1)
+
+
 def test_mask_rate_follows_the_level():
     targets = torch.ones(4000, 32, dtype=torch.bool)
     noise = sample_block_noise(targets, 32, 0.01, noise_generator(0, 0))
