@@ -1,9 +1,9 @@
 """Per-block masking noise for the noisy stream (SPEC §8).
 
-Each block b of a row's response gets its own level t_b ~ U(eps, 1) (U(eps, max_level) with the
-training option `max_level` < 1); each target token of the
-block is masked with probability t_b, and at least one per block is masked. Blocks without any
-target (past the end of a shorter row's response) get no mask and t_b = 1.
+Each block b of a row's response gets its own level t_b ~ U(eps, 1), or U(eps, max_level) with the
+training option `max_level` < 1; each target token of the block is masked with probability t_b, and
+at least one per block is masked. Blocks without any target (past the end of a shorter row's
+response) get no mask and t_b = 1.
 
 With `suffix` > 0 (a training option, 0 by default) each block is instead, with that probability,
 masked from a uniformly drawn position to its end (at least its last target), with t_b the share of

@@ -41,7 +41,7 @@ class TrainConfig:
     block_size: int
     alpha: float = 1.0  # weight of L_diff
     eps: float = 1e-3  # lower bound of the per-block noise level
-    max_level: float = 1.0  # upper bound of the per-block noise level
+    max_level: float = 1.0  # upper bound of the per-block noise level (held-out loss keeps U(eps, 1))
     suffix_mask: float = 0.0  # share of blocks masked from a random position to their end (noising.py)
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
