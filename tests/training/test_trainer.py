@@ -49,3 +49,21 @@ def test_bf16_autocast_steps_run_and_keep_fp32_weights():
     stats = [trainer.train_step() for _ in range(2)]
     assert all(torch.isfinite(torch.tensor([s.loss, s.grad_norm])).all() for s in stats)
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+
+
+def test_max_level_reaches_the_training_noise(monkeypatch):
+    import clover.training.trainer as trainer_module
+
+    drawn, sample = [], trainer_module.sample_example_noise
+
+    def recording(*args, **kwargs):
+        drawn.append(sample(*args, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(trainer_module, "sample_example_noise", recording)
+    trainer = Trainer(digits_model(), _config(max_level=0.3), digits_dataset(4), progress=False)
+    for _ in range(3):
+        trainer.train_step()
+    levels = torch.cat([noise.levels[noise.levels < 1] for noise in drawn])  # blocks with targets
+    assert len(drawn) == 3 and levels.numel() > 0
+    assert bool(((levels >= 0.1) & (levels < 0.3)).all())
