@@ -14,7 +14,9 @@ The noise is either
 - `clover`: the trainer's own (`clover.training.noising.sample_block_noise`): a level t ~ U(eps, 1),
   every token masked with probability t, or with `--suffix S` that share of rows masked from a
   uniform cut to the end. `--max-level M` draws t ~ U(eps, M) (the trainer's `max_level`), from step
-  `--max-level-from` on (1 before it), its bound rising from 2 eps to M over the first `--ramp` steps.
+  `--max-level-from` on (1 before it), its bound rising from 2 eps to M over the first `--ramp` steps;
+  with `--max-level-share P` only that share of rows (drawn row by row: the trainer's
+  `max_level_share`), the rest from U(eps, 1).
 
 It reports held-out accuracy of the signs in each mode as it trains: in block mode with every sign
 masked and the rest of the row shown (chance 0.5):
@@ -59,7 +61,8 @@ def batch(rng: random.Random, n: int) -> torch.Tensor:
 
 
 def block_noise(ids: torch.Tensor, noise: str, eps: float, suffix: float,
-                generator: torch.Generator, max_level: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                generator: torch.Generator, max_level: float = 1.0,
+                max_level_share: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(masked [n, L] bool, level t [n, 1]) over the block (every token after the first)."""
     n, length = ids.shape
     if noise == "checks":
@@ -69,7 +72,7 @@ def block_noise(ids: torch.Tensor, noise: str, eps: float, suffix: float,
         masked[:, SIGNS] = signs
         return masked, torch.full((n, 1), 0.5)
     targets = torch.ones(n, length - 1, dtype=torch.bool)
-    drawn = sample_block_noise(targets, length - 1, eps, generator, suffix, max_level)
+    drawn = sample_block_noise(targets, length - 1, eps, generator, suffix, max_level, max_level_share)
     return torch.cat((torch.zeros(n, 1, dtype=torch.bool), drawn.masked), dim=1), drawn.levels
 
 
@@ -112,6 +115,8 @@ def main() -> None:
     parser.add_argument("--noise", choices=("checks", "clover"), default="clover")
     parser.add_argument("--eps", type=float, default=0.1, help="clover noise: the lowest level t")
     parser.add_argument("--max-level", type=float, default=1.0, help="clover noise: the highest level t")
+    parser.add_argument("--max-level-share", type=float, default=1.0,
+                        help="clover noise: the share of rows whose level --max-level bounds (the rest U(eps, 1))")
     parser.add_argument("--ramp", type=int, default=0,
                         help="clover noise: raise the highest level linearly from 2 eps to --max-level over these steps")
     parser.add_argument("--max-level-from", type=int, default=0,
@@ -130,8 +135,8 @@ def main() -> None:
     held_out = batch(random.Random(12345), 512)
     rng, start = random.Random(args.seed + 1), time.time()
     noise = args.noise if args.noise == "checks" else (
-        f"clover (eps {args.eps}, max level {args.max_level} from step {args.max_level_from}, ramp {args.ramp}, "
-        f"suffix {args.suffix})")
+        f"clover (eps {args.eps}, max level {args.max_level} on a share {args.max_level_share} from step "
+        f"{args.max_level_from}, ramp {args.ramp}, suffix {args.suffix})")
     noise += ", block loss on the signs alone" if args.signs_only else ""
     print(f"noise {noise}, seed {args.seed}, lr {args.lr}, batch 64, {args.threads} thread(s); "
           f"held-out: 512 rows of {CHECKS} signs, every sign masked in block mode")
@@ -141,7 +146,7 @@ def main() -> None:
         ids = batch(rng, 64)
         max_level = highest_level(step - args.max_level_from, args.max_level, args.ramp, args.eps)
         masked, level = block_noise(ids, args.noise, args.eps, args.suffix, noise_generator(args.seed, step),
-                                    max_level)
+                                    max_level, args.max_level_share)
         loss = losses(model, ids, masked, level, args.signs_only)
         optimizer.zero_grad()
         loss.backward()

@@ -1,7 +1,8 @@
 """Per-block masking noise for the noisy stream (SPEC §8).
 
 Each block b of a row's response gets its own level t_b ~ U(eps, 1), or U(eps, max_level) with the
-training option `max_level` < 1; each target token of the block is masked with probability t_b, and
+training option `max_level` < 1 (with `max_level_share` < 1, only that share of blocks, drawn block
+by block, so that every batch holds both low and full-range levels); each target token of the block is masked with probability t_b, and
 at least one per block is masked. Blocks without any target (past the end of a shorter row's
 response) get no mask and t_b = 1.
 
@@ -46,20 +47,27 @@ def noise_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
 
 
 def sample_block_noise(target_mask: torch.Tensor, block_size: int, eps: float,
-                       generator: torch.Generator, suffix: float = 0.0, max_level: float = 1.0) -> BlockNoise:
+                       generator: torch.Generator, suffix: float = 0.0, max_level: float = 1.0,
+                       max_level_share: float = 1.0) -> BlockNoise:
     """target_mask [N, R] (bool, R a multiple of block_size) -> a `BlockNoise` drawn on the CPU,
-    with levels t_b ~ U(eps, max_level)."""
+    with levels t_b ~ U(eps, max_level) on a `max_level_share` of the blocks and U(eps, 1) on the rest."""
     if not 0.0 < eps < 1.0:
         raise ValueError(f"eps={eps} must be in (0, 1)")
     if not eps < max_level <= 1.0:
         raise ValueError(f"max_level={max_level} must be in (eps={eps}, 1]")
+    if not 0.0 <= max_level_share <= 1.0:
+        raise ValueError(f"max_level_share={max_level_share} must be in [0, 1]")
     if not 0.0 <= suffix <= 1.0:
         raise ValueError(f"suffix={suffix} must be in [0, 1]")
     n, r = target_mask.shape
     if r % block_size:
         raise ValueError(f"response length {r} is not a multiple of block_size={block_size}")
     targets = target_mask.cpu().view(n, r // block_size, block_size)  # [N, nb, B]
-    levels = eps + (max_level - eps) * torch.rand(n, r // block_size, generator=generator)
+    levels = torch.rand(n, r // block_size, generator=generator)  # [N, nb] in [0, 1)
+    top = max_level  # the highest level, or [N, nb] per block with the share option
+    if max_level_share < 1.0:  # an extra draw only with the option, so the default noise is unchanged
+        top = torch.where(torch.rand(levels.shape, generator=generator) < max_level_share, max_level, 1.0)
+    levels = eps + (top - eps) * levels
     draws = torch.rand(targets.shape, generator=generator)
     masked = (draws < levels[..., None]) & targets
     # at least one masked token per block with targets: force the target with the smallest draw
@@ -89,7 +97,7 @@ def _suffix_masks(targets: torch.Tensor, masked: torch.Tensor, levels: torch.Ten
 
 def sample_example_noise(target_mask: torch.Tensor, block_size: int, eps: float,
                          generators: list[torch.Generator], suffix: float = 0.0,
-                         max_level: float = 1.0) -> BlockNoise:
+                         max_level: float = 1.0, max_level_share: float = 1.0) -> BlockNoise:
     """Like `sample_block_noise`, but row i draws from `generators[i]` and only for its own blocks
     with targets, so a row's noise does not depend on which rows share its batch (padding)."""
     n, r = target_mask.shape
@@ -100,6 +108,6 @@ def sample_example_noise(target_mask: torch.Tensor, block_size: int, eps: float,
     for i, gen in enumerate(generators):
         blocks = -(-int(target_mask[i].sum()) // block_size)  # targets are a prefix of the row
         row = sample_block_noise(target_mask[i:i + 1, :blocks * block_size], block_size, eps, gen, suffix,
-                                 max_level)
+                                 max_level, max_level_share)
         levels[i, :blocks], masked[i, :blocks * block_size] = row.levels[0], row.masked[0]
     return BlockNoise(levels, masked)

@@ -42,6 +42,7 @@ class TrainConfig:
     alpha: float = 1.0  # weight of L_diff
     eps: float = 1e-3  # lower bound of the per-block noise level
     max_level: float = 1.0  # upper bound of the per-block noise level (held-out loss keeps U(eps, 1))
+    max_level_share: float = 1.0  # share of blocks (drawn per block) that max_level bounds; the rest U(eps, 1)
     suffix_mask: float = 0.0  # share of blocks masked from a random position to their end (noising.py)
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
@@ -69,6 +70,8 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive")
         if not self.eps < self.max_level <= 1.0:
             raise ValueError(f"max_level={self.max_level} must be in (eps={self.eps}, 1]")
+        if not 0.0 <= self.max_level_share <= 1.0:
+            raise ValueError(f"max_level_share={self.max_level_share} must be in [0, 1]")
         if not 0.0 <= self.suffix_mask <= 1.0:
             raise ValueError(f"suffix_mask={self.suffix_mask} must be in [0, 1]")
 
@@ -137,7 +140,7 @@ class Trainer:
         positions = self.dataset.rank_slice(rank, world)  # this rank's rows in the global batch
         noise = sample_example_noise(batch.target_mask, cfg.block_size, cfg.eps,
                                      [noise_generator(cfg.seed, self.step, i) for i in positions],
-                                     cfg.suffix_mask, cfg.max_level)
+                                     cfg.suffix_mask, cfg.max_level, cfg.max_level_share)
         global_targets, = all_reduce_sum([batch.num_targets], self.dist)
         batch, noise = batch.to(self.device), noise.to(self.device)
         self.model.train()

@@ -46,6 +46,10 @@ def test_clover_noise_is_the_trainers_over_the_row_after_its_first_token():
     low = probe.block_noise(ids, "clover", 0.1, 0.0, noise_generator(3, 4), max_level=0.5)
     trainer = sample_block_noise(targets, ids.shape[1] - 1, 0.1, noise_generator(3, 4), max_level=0.5)
     assert torch.equal(low[0][:, 1:], trainer.masked) and torch.equal(low[1], trainer.levels)
+    mixed = probe.block_noise(ids, "clover", 0.1, 0.0, noise_generator(3, 4), 0.5, max_level_share=0.5)
+    trainer = sample_block_noise(targets, ids.shape[1] - 1, 0.1, noise_generator(3, 4), max_level=0.5,
+                                 max_level_share=0.5)
+    assert torch.equal(mixed[0][:, 1:], trainer.masked) and torch.equal(mixed[1], trainer.levels)
 
 
 def test_highest_level_is_one_before_its_start_then_ramps_to_max_level():

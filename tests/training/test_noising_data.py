@@ -58,6 +58,21 @@ def test_max_level_caps_the_levels_and_one_draws_the_default_noise():
         sample_block_noise(targets, 8, 0.1, noise_generator(1, 2), max_level=0.1)
 
 
+
+def test_max_level_share_bounds_that_share_of_blocks_and_one_draws_the_max_level_noise():
+    targets = torch.ones(2000, 32, dtype=torch.bool)
+    capped = sample_block_noise(targets, 8, 0.1, noise_generator(1, 2), max_level=0.5)
+    same = sample_block_noise(targets, 8, 0.1, noise_generator(1, 2), max_level=0.5, max_level_share=1.0)
+    assert torch.equal(capped.masked, same.masked) and torch.equal(capped.levels, same.levels)
+    mixed = sample_block_noise(targets, 8, 0.1, noise_generator(1, 2), max_level=0.5, max_level_share=0.25)
+    high = mixed.levels >= 0.5  # only blocks drawn from U(0.1, 1) get there: 3/4 of them, 5/9 of those
+    assert 0.40 < high.float().mean() < 0.44  # expected 0.75 * 5 / 9 = 0.417 over 8000 blocks
+    assert mixed.levels.min() >= 0.1 and mixed.levels.max() > 0.99
+    per_row = high.float().mean(-1)  # the choice is per block, not per row: rows mix both ranges
+    assert bool(((per_row > 0) & (per_row < 1)).any())
+    with pytest.raises(ValueError, match=r"max_level_share=1.5 must be in \[0, 1\]"):
+        sample_block_noise(targets, 8, 0.1, noise_generator(1, 2), max_level=0.5, max_level_share=1.5)
+
 def test_mask_rate_follows_the_level():
     targets = torch.ones(4000, 32, dtype=torch.bool)
     noise = sample_block_noise(targets, 32, 0.01, noise_generator(0, 0))
