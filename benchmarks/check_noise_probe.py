@@ -16,7 +16,8 @@ The noise is either
   uniform cut to the end. `--max-level M` draws t ~ U(eps, M) (the trainer's `max_level`), from step
   `--max-level-from` on (1 before it), its bound rising from 2 eps to M over the first `--ramp` steps;
   with `--max-level-share P` only that share of rows (drawn row by row: the trainer's
-  `max_level_share`), the rest from U(eps, 1).
+  `max_level_share`), the rest from U(eps, 1), or with `--max-level-per step` that share of whole
+  steps, spread evenly (the trainer's `max_level_per`; share 0.5: every other step).
 
 It reports held-out accuracy of the signs in each mode as it trains: in block mode with every sign
 masked and the rest of the row shown (chance 0.5):
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 from membership_probe import AND, ASK, DOT, NO, PROPERTIES, YES, small_model  # noqa: E402
 
-from clover.training.noising import noise_generator, sample_block_noise  # noqa: E402
+from clover.training.noising import noise_generator, sample_block_noise, step_max_level  # noqa: E402
 
 EQUALS, COMMA = AND, DOT  # any two fixed one-token words serve
 PLUS, MINUS = YES, NO
@@ -117,6 +118,8 @@ def main() -> None:
     parser.add_argument("--max-level", type=float, default=1.0, help="clover noise: the highest level t")
     parser.add_argument("--max-level-share", type=float, default=1.0,
                         help="clover noise: the share of rows whose level --max-level bounds (the rest U(eps, 1))")
+    parser.add_argument("--max-level-per", choices=("block", "step"), default="block",
+                        help="clover noise: --max-level-share counts rows (each one block) or whole steps")
     parser.add_argument("--ramp", type=int, default=0,
                         help="clover noise: raise the highest level linearly from 2 eps to --max-level over these steps")
     parser.add_argument("--max-level-from", type=int, default=0,
@@ -135,8 +138,8 @@ def main() -> None:
     held_out = batch(random.Random(12345), 512)
     rng, start = random.Random(args.seed + 1), time.time()
     noise = args.noise if args.noise == "checks" else (
-        f"clover (eps {args.eps}, max level {args.max_level} on a share {args.max_level_share} from step "
-        f"{args.max_level_from}, ramp {args.ramp}, suffix {args.suffix})")
+        f"clover (eps {args.eps}, max level {args.max_level} on a share {args.max_level_share} of "
+        f"{args.max_level_per}s from step {args.max_level_from}, ramp {args.ramp}, suffix {args.suffix})")
     noise += ", block loss on the signs alone" if args.signs_only else ""
     print(f"noise {noise}, seed {args.seed}, lr {args.lr}, batch 64, {args.threads} thread(s); "
           f"held-out: 512 rows of {CHECKS} signs, every sign masked in block mode")
@@ -145,8 +148,11 @@ def main() -> None:
             group["lr"] = args.lr * min(1.0, step / 20)
         ids = batch(rng, 64)
         max_level = highest_level(step - args.max_level_from, args.max_level, args.ramp, args.eps)
+        share = args.max_level_share
+        if args.max_level_per == "step":
+            max_level, share = step_max_level(step, max_level, share), 1.0
         masked, level = block_noise(ids, args.noise, args.eps, args.suffix, noise_generator(args.seed, step),
-                                    max_level, args.max_level_share)
+                                    max_level, share)
         loss = losses(model, ids, masked, level, args.signs_only)
         optimizer.zero_grad()
         loss.backward()

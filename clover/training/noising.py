@@ -2,7 +2,8 @@
 
 Each block b of a row's response gets its own level t_b ~ U(eps, 1), or U(eps, max_level) with the
 training option `max_level` < 1 (with `max_level_share` < 1, only that share of blocks, drawn block
-by block, so that every batch holds both low and full-range levels); each target token of the block is masked with probability t_b, and
+by block, so that every batch holds both low and full-range levels; or, with `max_level_per="step"`,
+that share of whole steps, spread evenly by `step_max_level`); each target token of the block is masked with probability t_b, and
 at least one per block is masked. Blocks without any target (past the end of a shorter row's
 response) get no mask and t_b = 1.
 
@@ -14,6 +15,7 @@ token off the ones to its right (a written check off the derivation's structure 
 decoding then does not give it.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +46,14 @@ def noise_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(((seed * 1_000_003 + step) * 8_191 + rank) % (2 ** 63))
     return gen
+
+
+def step_max_level(step: int, max_level: float, share: float) -> float:
+    """The highest level of every block at `step` (0-based) when `max_level` bounds a `share` of whole
+    steps, spread evenly (share 1/2: every other step, from step 1 on); the other steps' is 1."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share={share} must be in [0, 1]")
+    return max_level if math.floor((step + 1) * share) > math.floor(step * share) else 1.0
 
 
 def sample_block_noise(target_mask: torch.Tensor, block_size: int, eps: float,

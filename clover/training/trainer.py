@@ -26,12 +26,13 @@ from .data import PairDataset
 from .activation_checkpointing import checkpoint_layers
 from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
-from .noising import noise_generator, sample_example_noise
+from .noising import noise_generator, sample_example_noise, step_max_level
 from .optim import build_optimizer, build_scheduler
 from .sharding import STRATEGIES, clip_gradients, distribute, shard_fsdp, sync_replicated_grads
 
 EvalFn = Callable[[torch.nn.Module, int], dict[str, float]]
 DTYPES = ("fp32", "bf16")
+LEVEL_UNITS = ("block", "step")  # what train.max_level_share counts
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class TrainConfig:
     alpha: float = 1.0  # weight of L_diff
     eps: float = 1e-3  # lower bound of the per-block noise level
     max_level: float = 1.0  # upper bound of the per-block noise level (held-out loss keeps U(eps, 1))
-    max_level_share: float = 1.0  # share of blocks (drawn per block) that max_level bounds; the rest U(eps, 1)
+    max_level_share: float = 1.0  # share of blocks (or steps) that max_level bounds; the rest U(eps, 1)
+    max_level_per: str = "block"  # "block": the share drawn block by block; "step": whole steps, spread evenly
     suffix_mask: float = 0.0  # share of blocks masked from a random position to their end (noising.py)
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
@@ -72,6 +74,8 @@ class TrainConfig:
             raise ValueError(f"max_level={self.max_level} must be in (eps={self.eps}, 1]")
         if not 0.0 <= self.max_level_share <= 1.0:
             raise ValueError(f"max_level_share={self.max_level_share} must be in [0, 1]")
+        if self.max_level_per not in LEVEL_UNITS:
+            raise ValueError(f"max_level_per={self.max_level_per!r} must be one of {LEVEL_UNITS}")
         if not 0.0 <= self.suffix_mask <= 1.0:
             raise ValueError(f"suffix_mask={self.suffix_mask} must be in [0, 1]")
 
@@ -138,9 +142,12 @@ class Trainer:
         world = self.dist.world_size
         batch = self.dataset.batch(self.step, rank, world)
         positions = self.dataset.rank_slice(rank, world)  # this rank's rows in the global batch
+        max_level, share = cfg.max_level, cfg.max_level_share
+        if cfg.max_level_per == "step":
+            max_level, share = step_max_level(self.step, max_level, share), 1.0
         noise = sample_example_noise(batch.target_mask, cfg.block_size, cfg.eps,
                                      [noise_generator(cfg.seed, self.step, i) for i in positions],
-                                     cfg.suffix_mask, cfg.max_level, cfg.max_level_share)
+                                     cfg.suffix_mask, max_level, share)
         global_targets, = all_reduce_sum([batch.num_targets], self.dist)
         batch, noise = batch.to(self.device), noise.to(self.device)
         self.model.train()

@@ -31,6 +31,8 @@ def test_minimal_recipe_and_defaults():
      r"max_level=0.05 must be in \(eps=0.1, 1\]"),
     ({"train": {"steps": 2, "batch_size": 2, "block_size": 4, "max_level_share": -0.5}},
      r"max_level_share=-0.5 must be in \[0, 1\]"),
+    ({"train": {"steps": 2, "batch_size": 2, "block_size": 4, "max_level_per": "row"}},
+     r"max_level_per='row' must be one of \('block', 'step'\)"),
     ({"model": {"config": {"hidden_size": 32}, "grow_after": [1]}}, r"grow_after=\[1\] needs `init`"),
     ({"data": {"tasks": ["joint"], "task_weights": {"record": 2}}}, r"task_weights=\{'record': 2\}"),
     ({"data": {"task_weights": {"joint": 0}}}, r"task_weights=\{'joint': 0\}"),

@@ -73,3 +73,10 @@ def test_max_level_reaches_the_training_noise(monkeypatch):
         trainer.train_step()
     levels = torch.cat([noise.levels[noise.levels < 1] for noise in drawn])
     assert bool((levels < 0.3).any()) and bool((levels >= 0.3).any())
+    drawn.clear()  # max_level_per "step": every other step (steps 1 and 3) has only levels below max_level
+    config = _config(max_level=0.3, max_level_share=0.5, max_level_per="step")
+    trainer = Trainer(digits_model(), config, digits_dataset(4), progress=False)
+    for _ in range(4):
+        trainer.train_step()
+    tops = [noise.levels[noise.levels < 1].max().item() for noise in drawn]
+    assert tops[1] < 0.3 and tops[3] < 0.3 and max(tops[0], tops[2]) >= 0.3
