@@ -39,7 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 from membership_probe import AND, ASK, DOT, NO, PROPERTIES, YES, small_model  # noqa: E402
 
-from clover.training.noising import noise_generator, sample_block_noise, step_max_level  # noqa: E402
+from clover.training.noising import LEVEL_UNITS, noise_generator, sample_block_noise, step_level_bounds  # noqa: E402
 
 EQUALS, COMMA = AND, DOT  # any two fixed one-token words serve
 PLUS, MINUS = YES, NO
@@ -117,8 +117,8 @@ def main() -> None:
     parser.add_argument("--eps", type=float, default=0.1, help="clover noise: the lowest level t")
     parser.add_argument("--max-level", type=float, default=1.0, help="clover noise: the highest level t")
     parser.add_argument("--max-level-share", type=float, default=1.0,
-                        help="clover noise: the share of rows whose level --max-level bounds (the rest U(eps, 1))")
-    parser.add_argument("--max-level-per", choices=("block", "step"), default="block",
+                        help="clover noise: the share of rows whose level --max-level bounds (others U(eps, 1))")
+    parser.add_argument("--max-level-per", choices=LEVEL_UNITS, default="block",
                         help="clover noise: --max-level-share counts rows (each one block) or whole steps")
     parser.add_argument("--ramp", type=int, default=0,
                         help="clover noise: raise the highest level linearly from 2 eps to --max-level over these steps")
@@ -147,10 +147,9 @@ def main() -> None:
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 20)
         ids = batch(rng, 64)
-        max_level = highest_level(step - args.max_level_from, args.max_level, args.ramp, args.eps)
-        share = args.max_level_share
-        if args.max_level_per == "step":
-            max_level, share = step_max_level(step, max_level, share), 1.0
+        max_level, share = step_level_bounds(step, highest_level(step - args.max_level_from, args.max_level,
+                                                                 args.ramp, args.eps),
+                                             args.max_level_share, args.max_level_per)
         masked, level = block_noise(ids, args.noise, args.eps, args.suffix, noise_generator(args.seed, step),
                                     max_level, share)
         loss = losses(model, ids, masked, level, args.signs_only)

@@ -2,9 +2,9 @@
 
 Each block b of a row's response gets its own level t_b ~ U(eps, 1), or U(eps, max_level) with the
 training option `max_level` < 1 (with `max_level_share` < 1, only that share of blocks, drawn block
-by block, so that every batch holds both low and full-range levels; or, with `max_level_per="step"`,
-that share of whole steps, spread evenly by `step_max_level`); each target token of the block is masked with probability t_b, and
-at least one per block is masked. Blocks without any target (past the end of a shorter row's
+by block, so that every batch holds both low and full-range levels; or, with `max_level_per`
+"step", that share of whole steps, spread evenly: `step_level_bounds`); each target token of the
+block is masked with probability t_b, and at least one per block is masked. Blocks without any target (past the end of a shorter row's
 response) get no mask and t_b = 1.
 
 With `suffix` > 0 (a training option, 0 by default) each block is instead, with that probability,
@@ -48,12 +48,20 @@ def noise_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
     return gen
 
 
-def step_max_level(step: int, max_level: float, share: float) -> float:
-    """The highest level of every block at `step` (0-based) when `max_level` bounds a `share` of whole
-    steps, spread evenly (share 1/2: every other step, from step 1 on); the other steps' is 1."""
+LEVEL_UNITS = ("block", "step")  # what the training option max_level_share counts
+
+
+def step_level_bounds(step: int, max_level: float, share: float, per: str) -> tuple[float, float]:
+    """The (max_level, max_level_share) that `sample_block_noise` gets at `step` (0-based). With `per`
+    "block" they are unchanged; with "step", `max_level` bounds every block of a `share` of the steps,
+    spread evenly (share 1/2: every other step, from step 1 on), and the other steps draw U(eps, 1)."""
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"share={share} must be in [0, 1]")
-    return max_level if math.floor((step + 1) * share) > math.floor(step * share) else 1.0
+    if per not in LEVEL_UNITS:
+        raise ValueError(f"per={per!r} must be one of {LEVEL_UNITS}")
+    if per == "block":
+        return max_level, share
+    return (max_level if math.floor((step + 1) * share) > math.floor(step * share) else 1.0), 1.0
 
 
 def sample_block_noise(target_mask: torch.Tensor, block_size: int, eps: float,

@@ -26,13 +26,12 @@ from .data import PairDataset
 from .activation_checkpointing import checkpoint_layers
 from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
-from .noising import noise_generator, sample_example_noise, step_max_level
+from .noising import LEVEL_UNITS, noise_generator, sample_example_noise, step_level_bounds
 from .optim import build_optimizer, build_scheduler
 from .sharding import STRATEGIES, clip_gradients, distribute, shard_fsdp, sync_replicated_grads
 
 EvalFn = Callable[[torch.nn.Module, int], dict[str, float]]
 DTYPES = ("fp32", "bf16")
-LEVEL_UNITS = ("block", "step")  # what train.max_level_share counts
 
 
 @dataclass(frozen=True)
@@ -142,9 +141,7 @@ class Trainer:
         world = self.dist.world_size
         batch = self.dataset.batch(self.step, rank, world)
         positions = self.dataset.rank_slice(rank, world)  # this rank's rows in the global batch
-        max_level, share = cfg.max_level, cfg.max_level_share
-        if cfg.max_level_per == "step":
-            max_level, share = step_max_level(self.step, max_level, share), 1.0
+        max_level, share = step_level_bounds(self.step, cfg.max_level, cfg.max_level_share, cfg.max_level_per)
         noise = sample_example_noise(batch.target_mask, cfg.block_size, cfg.eps,
                                      [noise_generator(cfg.seed, self.step, i) for i in positions],
                                      cfg.suffix_mask, max_level, share)

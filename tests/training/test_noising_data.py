@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from clover.training.data import BatchSpec, Pair, PairDataset, blocked_response, collate
-from clover.training.noising import noise_generator, sample_block_noise, step_max_level
+from clover.training.noising import noise_generator, sample_block_noise, step_level_bounds
 
 
 def test_noise_is_per_block_seeded_and_only_on_targets():
@@ -58,7 +58,6 @@ def test_max_level_caps_the_levels_and_one_draws_the_default_noise():
         sample_block_noise(targets, 8, 0.1, noise_generator(1, 2), max_level=0.1)
 
 
-
 def test_max_level_share_bounds_that_share_of_blocks_and_one_draws_the_max_level_noise():
     targets = torch.ones(2000, 32, dtype=torch.bool)
     capped = sample_block_noise(targets, 8, 0.1, noise_generator(1, 2), max_level=0.5)
@@ -74,15 +73,21 @@ def test_max_level_share_bounds_that_share_of_blocks_and_one_draws_the_max_level
         sample_block_noise(targets, 8, 0.1, noise_generator(1, 2), max_level=0.5, max_level_share=1.5)
 
 
-def test_step_max_level_spreads_the_share_of_steps_evenly():
+def test_step_level_bounds_spread_the_share_of_steps_evenly():
     def low_steps(share, n=12):
-        return [step for step in range(n) if step_max_level(step, 0.5, share) == 0.5]
+        bounds = [step_level_bounds(step, 0.5, share, "step") for step in range(n)]
+        assert all(every_block == 1.0 for _, every_block in bounds)  # a step's blocks all alike
+        return [step for step, (top, _) in enumerate(bounds) if top == 0.5]
 
     assert low_steps(0.5) == [1, 3, 5, 7, 9, 11]  # every other step
     assert low_steps(0.25) == [3, 7, 11] and low_steps(1.0) == list(range(12)) and low_steps(0.0) == []
-    assert len(low_steps(0.75, 400)) == 300 and step_max_level(0, 0.5, 0.75) == 1.0
+    assert len(low_steps(0.75, 400)) == 300 and step_level_bounds(0, 0.5, 0.75, "step") == (1.0, 1.0)
+    assert step_level_bounds(7, 0.5, 0.25, "block") == (0.5, 0.25)  # per block: the share goes on
     with pytest.raises(ValueError, match=r"share=2 must be in \[0, 1\]"):
-        step_max_level(0, 0.5, 2)
+        step_level_bounds(0, 0.5, 2, "step")
+    with pytest.raises(ValueError, match=r"per='row' must be one of \('block', 'step'\)"):
+        step_level_bounds(0, 0.5, 0.5, "row")
+
 
 def test_mask_rate_follows_the_level():
     targets = torch.ones(4000, 32, dtype=torch.bool)

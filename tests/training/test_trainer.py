@@ -68,7 +68,8 @@ def test_max_level_reaches_the_training_noise(monkeypatch):
     assert len(drawn) == 3 and levels.numel() > 0
     assert bool(((levels >= 0.1) & (levels < 0.3)).all())
     drawn.clear()  # with max_level_share 1/2 about half the blocks go above max_level
-    trainer = Trainer(digits_model(), _config(max_level=0.3, max_level_share=0.5), digits_dataset(4), progress=False)
+    config = _config(max_level=0.3, max_level_share=0.5)
+    trainer = Trainer(digits_model(), config, digits_dataset(4), progress=False)
     for _ in range(3):
         trainer.train_step()
     levels = torch.cat([noise.levels[noise.levels < 1] for noise in drawn])
