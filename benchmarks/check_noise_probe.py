@@ -147,9 +147,8 @@ def main() -> None:
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 20)
         ids = batch(rng, 64)
-        max_level, share = step_level_bounds(step, highest_level(step - args.max_level_from, args.max_level,
-                                                                 args.ramp, args.eps),
-                                             args.max_level_share, args.max_level_per)
+        highest = highest_level(step - args.max_level_from, args.max_level, args.ramp, args.eps)
+        max_level, share = step_level_bounds(step, highest, args.max_level_share, args.max_level_per)
         masked, level = block_noise(ids, args.noise, args.eps, args.suffix, noise_generator(args.seed, step),
                                     max_level, share)
         loss = losses(model, ids, masked, level, args.signs_only)

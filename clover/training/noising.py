@@ -4,8 +4,8 @@ Each block b of a row's response gets its own level t_b ~ U(eps, 1), or U(eps, m
 training option `max_level` < 1 (with `max_level_share` < 1, only that share of blocks, drawn block
 by block, so that every batch holds both low and full-range levels; or, with `max_level_per`
 "step", that share of whole steps, spread evenly: `step_level_bounds`); each target token of the
-block is masked with probability t_b, and at least one per block is masked. Blocks without any target (past the end of a shorter row's
-response) get no mask and t_b = 1.
+block is masked with probability t_b, and at least one per block is masked. Blocks without any
+target (past the end of a shorter row's response) get no mask and t_b = 1.
 
 With `suffix` > 0 (a training option, 0 by default) each block is instead, with that probability,
 masked from a uniformly drawn position to its end (at least its last target), with t_b the share of
@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+LEVEL_UNITS = ("block", "step")  # what the training option max_level_share counts
 
 
 @dataclass(frozen=True)
@@ -46,9 +48,6 @@ def noise_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(((seed * 1_000_003 + step) * 8_191 + rank) % (2 ** 63))
     return gen
-
-
-LEVEL_UNITS = ("block", "step")  # what the training option max_level_share counts
 
 
 def step_level_bounds(step: int, max_level: float, share: float, per: str) -> tuple[float, float]:

@@ -60,24 +60,21 @@ def test_max_level_reaches_the_training_noise(monkeypatch):
         drawn.append(sample(*args, **kwargs))
         return drawn[-1]
 
+    def levels_per_step(steps: int, **options) -> list[torch.Tensor]:
+        """The levels of the blocks with targets that `steps` training steps drew, step by step."""
+        drawn.clear()
+        trainer = Trainer(digits_model(), _config(**options), digits_dataset(4), progress=False)
+        for _ in range(steps):
+            trainer.train_step()
+        return [noise.levels[noise.levels < 1] for noise in drawn]
+
     monkeypatch.setattr(trainer_module, "sample_example_noise", recording)
-    trainer = Trainer(digits_model(), _config(max_level=0.3), digits_dataset(4), progress=False)
-    for _ in range(3):
-        trainer.train_step()
-    levels = torch.cat([noise.levels[noise.levels < 1] for noise in drawn])  # blocks with targets
-    assert len(drawn) == 3 and levels.numel() > 0
+    per_step = levels_per_step(3, max_level=0.3)
+    levels = torch.cat(per_step)  # blocks with targets
+    assert len(per_step) == 3 and levels.numel() > 0
     assert bool(((levels >= 0.1) & (levels < 0.3)).all())
-    drawn.clear()  # with max_level_share 1/2 about half the blocks go above max_level
-    config = _config(max_level=0.3, max_level_share=0.5)
-    trainer = Trainer(digits_model(), config, digits_dataset(4), progress=False)
-    for _ in range(3):
-        trainer.train_step()
-    levels = torch.cat([noise.levels[noise.levels < 1] for noise in drawn])
+    levels = torch.cat(levels_per_step(3, max_level=0.3, max_level_share=0.5))  # about half above max_level
     assert bool((levels < 0.3).any()) and bool((levels >= 0.3).any())
-    drawn.clear()  # max_level_per "step": every other step (steps 1 and 3) has only levels below max_level
-    config = _config(max_level=0.3, max_level_share=0.5, max_level_per="step")
-    trainer = Trainer(digits_model(), config, digits_dataset(4), progress=False)
-    for _ in range(4):
-        trainer.train_step()
-    tops = [noise.levels[noise.levels < 1].max().item() for noise in drawn]
+    # max_level_per "step": every other step (steps 1 and 3) has only levels below max_level
+    tops = [step.max().item() for step in levels_per_step(4, max_level=0.3, max_level_share=0.5, max_level_per="step")]
     assert tops[1] < 0.3 and tops[3] < 0.3 and max(tops[0], tops[2]) >= 0.3
