@@ -111,19 +111,12 @@ def embedded_probe_parser(doc: str, limit: int = 40, limit_help: str = "prompts 
 
 def task_options(pairs: list[str]) -> dict:
     """`["balanced=true", "min_notices=4"]` -> `{"balanced": True, "min_notices": 4}` (values as JSON)."""
-    return dict(_task_option(pair) for pair in pairs)
+    from clover.cli.common import UserError, json_option
 
-
-def _task_option(pair: str) -> tuple[str, object]:
-    import json
-
-    name, sep, value = pair.partition("=")
-    if name and sep:
-        try:
-            return name, json.loads(value)
-        except json.JSONDecodeError:
-            pass
-    raise SystemExit(f"--option {pair!r}: expected NAME=JSON, e.g. balanced=true or min_notices=4")
+    try:
+        return dict(json_option(pair, "--option", "balanced=true or min_notices=4") for pair in pairs)
+    except UserError as error:
+        raise SystemExit(str(error)) from None
 
 
 def decode_task_errors(doc: str, task_name: str, teacher_forced_table):

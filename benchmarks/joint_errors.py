@@ -53,8 +53,8 @@ def check_word(match: re.Match) -> str:
 def line_parts(line: str) -> tuple[str, str, str, str, str] | None:
     """`(question, fact line, rule lines, checks, yes/no)` of one derivation line, None if
     unparsable: `2. Is Kim cleared? Kim is rested. Anyone who is licensed and rested is cleared.
-    licensed: rested no. no` (the checks, `licensed: rested no.`, paired `rested=licensed no.` or
-    signed `rested=licensed-.`,
+    licensed: rested no. no` (the checks, `licensed: rested no.`, paired `rested=licensed no.`,
+    signed `rested=licensed-.` or the roster's lookups `licensed=no.`,
     start at the first word with a colon or an equals sign; empty without the `checks` task option)."""
     question, sep, rest = line.partition("? ")
     fact, sep2, rest = rest.partition(". ")
@@ -87,8 +87,11 @@ def verdict_kind(line: str) -> str:
 
 
 def stated(line: str) -> int:
-    """How many properties the pilot's fact line in a derivation line states (`Kim is a and b.`: 2)."""
+    """How many properties the pilot's fact line in a derivation line states (`Kim is a and b.`, or
+    the roster's `Kim: a=yes, b=yes, c=no.`: 2)."""
     fact = line_parts(line)[1]
+    if ": " in fact:
+        return fact.count("=yes")
     return 0 if fact.endswith("has none of these") else fact.count(",") + fact.count(" and ") + 1
 
 

@@ -1,6 +1,7 @@
 """What several commands share: `--model` and `--device` checks, SIGTERM as an exception, and the
 split of failures into user errors (exit 2, one line) and internal errors (exit 1)."""
 
+import json
 import signal
 import sys
 import threading
@@ -12,6 +13,18 @@ SIGTERM_EXIT = 128 + signal.SIGTERM  # 143, the shell's code for a process ended
 
 class UserError(ValueError):
     """A failure the user can fix (bad argument, file or folder): one line, exit 2."""
+
+
+def json_option(pair: str, flag: str, example: str) -> tuple[str, object]:
+    """`"balanced=true"` -> `("balanced", True)`: a NAME=JSON pair from the command line, the value
+    read as JSON; a malformed pair is a UserError naming it, the flag and an `example`."""
+    name, sep, value = pair.partition("=")
+    if name and sep:
+        try:
+            return name, json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    raise UserError(f"{flag} {pair!r}: expected NAME=JSON, e.g. {example}")
 
 
 def is_user_error(e: BaseException) -> bool:

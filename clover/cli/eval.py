@@ -3,6 +3,7 @@ self-speculative decoding with `--self-spec`)."""
 
 import json
 
+from .common import UserError, json_option
 from .model_options import add_model_arguments, load_options, model_dir
 
 
@@ -13,6 +14,9 @@ def register(sub) -> None:
     p.add_argument("--limit", type=int, default=40, help="prompts per task (default 40)")
     p.add_argument("--seed", type=int, nargs="+", default=[0], metavar="SEED",
                    help="evaluation split seed; several (`--seed 0 3 4`) pool their prompts into one report")
+    p.add_argument("--option", action="append", default=[], metavar="TASK.NAME=JSON",
+                   help="a task option for the prompts, the value as JSON (repeatable), e.g. "
+                        "airspace.min_notices=4 or 'joint.facts=\"roster\"'")
     p.add_argument("--threshold", type=float, default=None,
                    help="confidence threshold (default: the checkpoint's generation config)")
     p.add_argument("--block-size", type=int, default=None,
@@ -49,9 +53,14 @@ def run(args) -> int:
         raise ValueError(f"--seed {' '.join(map(str, args.seed))} repeats a seed; each would count its prompts twice")
     if args.task != "all" and args.task not in TASKS:
         raise ValueError(f"--task={args.task!r} is unknown; known: {sorted(TASKS)} or 'all'")
+    names = list(EVAL_TASKS if args.task == "all" else [args.task])
+    options = task_options(args.option, names)
+    try:
+        tasks = [get_task(n, **options.get(n, {})) for n in names]
+    except TypeError as error:  # an option the task does not take
+        raise UserError(f"--option: {error}") from None
     directory = model_dir(args)
     model, tokenizer = load_model_and_tokenizer(directory, load_options(args))
-    tasks = [get_task(n) for n in (EVAL_TASKS if args.task == "all" else [args.task])]
     examples = [e for seed in args.seed for e in eval_examples(args.limit, seed=seed, tasks=tasks)]
     name = f"{directory} with the weights of {args.checkpoint}" if args.checkpoint else str(directory)
     report = evaluate(model, tokenizer, examples, model_name=name, task=args.task,
@@ -59,8 +68,10 @@ def run(args) -> int:
                       max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar,
                       enable_thinking=args.thinking, with_self_spec=args.self_spec)
     print(f"seeds {' '.join(map(str, args.seed))}: {args.limit} prompts per task each")
+    if options:
+        print(f"task options: {json.dumps(options)}")
     print("\n".join(report_lines(report)))
-    result = report.to_json() | {"seeds": args.seed}
+    result = report.to_json() | {"seeds": args.seed, "task_options": options}
     if args.field_loss:
         from clover.evaluation.field_loss import field_loss_lines, field_losses
 
@@ -70,3 +81,16 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def task_options(pairs: list[str], tasks: list[str]) -> dict[str, dict]:
+    """`["joint.balanced=true"]` -> `{"joint": {"balanced": True}}`, for the evaluated `tasks` only."""
+    options: dict[str, dict] = {}
+    for pair in pairs:
+        key, value = json_option(pair, "--option", "joint.balanced=true")
+        task, dot, name = key.partition(".")
+        if not (dot and name) or task not in tasks:
+            raise UserError(f"--option {pair!r}: expected TASK.NAME=JSON with TASK one of the evaluated "
+                            f"tasks {tasks}")
+        options.setdefault(task, {})[name] = value
+    return options

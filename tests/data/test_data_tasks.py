@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
@@ -240,6 +241,46 @@ def test_joint_checks_write_each_condition_against_the_fact_line(layout):
         get_task("joint", checks=layout, chain=True)
     with pytest.raises(ValueError, match="'sideways' must be one of"):
         get_task("joint", checks="sideways")
+
+
+def test_joint_roster_lists_every_value_and_each_line_looks_up_its_conditions():
+    """With `facts="roster"` the prompt lists each pilot's value of every base property in place of the
+    closed-world sentences; each line copies the pilot's roster line, the rule(s), then each condition
+    with its value in that line, and the answer is yes when every value is. The draws are the stated
+    prompts' (from the same random stream): the same pilots, properties, questions and answers."""
+    stated, roster = get_task("joint", balanced=True), get_task("joint", balanced=True, facts="roster")
+    seen = set()
+    for seed in range(200):
+        a, b = stated.sample(random.Random(seed)), roster.sample(random.Random(seed))
+        assert (a.answer, a.meta) == (b.answer, b.meta) and roster.score(b, b.answer)["correct"]
+        sentences = a.prompt.split("Facts (nothing else is true):\n")[1].split("\nQuestions:")[0].splitlines()
+        rows = b.prompt.split("Roster:\n")[1].split("\nQuestions:")[0].splitlines()
+        assert len(rows) == len(sentences)
+        table = {}
+        for sentence, row in zip(sentences, rows):
+            name, _, values = row.rstrip(".").partition(": ")
+            table[name] = dict(value.split("=") for value in values.split(", "))
+            held = set() if "none" in sentence else set(
+                sentence.split(" is ", 1)[1].rstrip(".").replace(" and ", ", ").split(", "))
+            assert sentence.startswith(f"{name} ") and {p for p, v in table[name].items() if v == "yes"} == held
+            assert len(table[name]) == 3 and set(table[name].values()) <= {"yes", "no"}
+        for line, answer in zip(b.reasoning.splitlines(), b.answer.split()):
+            head, verdict = line.rsplit(" ", 1)
+            pilot, asked = line.split("? ")[0].split(" ")[2:4]
+            row = ", ".join(f"{p}={v}" for p, v in table[pilot].items())
+            assert line.split("? ")[1].startswith(f"{pilot}: {row}. ")
+            rule = head.split("Anyone who is ")[1].split(" is ")[0] if "Anyone" in head else None
+            conditions = rule.replace(" and ", ", ").split(", ") if rule else [asked]
+            lookups = [value.split("=") for value in head.rsplit(". ", 1)[1].rstrip(".").split(", ")]
+            assert [c for c, _ in lookups] == conditions and all(table[pilot][c] == v for c, v in lookups)
+            assert verdict == ("yes" if all(v == "yes" for _, v in lookups) else "no") == answer.split(":")[1]
+            seen.add((len(lookups), verdict))
+    assert {(1, "yes"), (1, "no"), (2, "yes"), (2, "no")} <= seen
+    with pytest.raises(ValueError, match="facts='table' must be one of"):
+        get_task("joint", facts="table")
+    for options in ({"chain": True}, {"checks": "paired"}):
+        with pytest.raises(ValueError, match="needs chain=False and checks=''"):
+            get_task("joint", facts="roster", **options)
 
 
 @pytest.mark.parametrize("layout", ["listed", "paired"])

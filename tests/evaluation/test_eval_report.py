@@ -136,3 +136,27 @@ def test_paired_comparison_counts_the_prompts_on_which_the_modes_disagree():
     assert report.to_json()["only_ar_correct"] == 2
     assert any("-0.200" in line and "wrong where AR is right on 2" in line for line in report_lines(report))
     assert EvalReport("m", "joint", 0.95, 32, 1, diffusion, None).paired_with_ar is None
+
+
+def test_eval_cli_task_options_change_the_prompts(model, tokenizer, tmp_path, capsys):
+    """`--option TASK.NAME=JSON` builds that task with the option; the JSON records the options. A
+    malformed pair, a task not evaluated or an option the task does not take is refused by name."""
+    from clover.cli.main import main
+
+    model.save_pretrained(tmp_path / "m")
+    save_tokenizer(tokenizer, tmp_path / "m")
+    args = ["eval", "--model", str(tmp_path / "m"), "--task", "joint", "--limit", "1", "--max-new-tokens", "4",
+            "--no-ar", "--json"]
+    assert main(args + ["--option", 'joint.facts="roster"', "--option", "joint.max_questions=3"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out.strip().splitlines()[-1])["task_options"] == {"joint": {"facts": "roster",
+                                                                                   "max_questions": 3}}
+    assert 'task options: {"joint": {"facts": "roster", "max_questions": 3}}' in out
+    assert main(args) == 0 and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["task_options"] == {}
+    for pair, message in [("joint.facts=roster", "expected NAME=JSON"),
+                          ("record.max_questions=3", "TASK one of the evaluated tasks ['joint']"),
+                          ("facts=1", "TASK one of the evaluated tasks"),
+                          ("joint.colour=1", "unexpected keyword argument 'colour'"),
+                          ('joint.facts="table"', "facts='table' must be one of")]:
+        assert main(args + ["--option", pair]) == 2, pair
+        assert message in capsys.readouterr().err, pair

@@ -11,6 +11,11 @@ from benchmark_script import load_benchmark
 
 joint_errors = load_benchmark("joint_errors")
 FLIP = {"yes": "no", "no": "yes", "+": "-", "-": "+"}
+LAYOUTS = ["", "listed", "paired", "signed", "signed_all", "roster"]  # `checks`, or the roster's lookups
+
+
+def _options(layout: str) -> dict:
+    return {"facts": "roster"} if layout == "roster" else {"checks": layout}
 
 
 def _example(**options):
@@ -26,9 +31,9 @@ def _output(lines, answer):
     return "<think>\n" + "\n".join(lines) + "\n</think>\n\n" + answer
 
 
-@pytest.mark.parametrize("checks", ["", "listed", "paired", "signed", "signed_all"])
+@pytest.mark.parametrize("checks", LAYOUTS)
 def test_each_part_of_a_derivation_line_is_told_apart(checks):
-    example = _example(checks=checks)
+    example = _example(**_options(checks))
     lines = example.reasoning.splitlines()
     last = lines[-1]
     verdict = last.rsplit(" ", 1)[1]
@@ -54,11 +59,11 @@ def test_each_part_of_a_derivation_line_is_told_apart(checks):
     assert joint_errors.first_error(_output(lines[:-1], example.answer), example.reasoning)[0] == "format"
 
 
-@pytest.mark.parametrize("checks", ["", "listed", "paired", "signed", "signed_all"])
+@pytest.mark.parametrize("checks", LAYOUTS)
 def test_part_spans_cover_each_part_of_a_line_in_order(checks):
     """The teacher-forced table labels a line's characters by part: the spans are the parts' texts,
     in order, and a base property's line has no rule part."""
-    example = _example(checks=checks)
+    example = _example(**_options(checks))
     for line in example.reasoning.splitlines():
         spans = joint_errors.part_spans(line)
         parts = [p for p in joint_errors.line_parts(line) if p]
@@ -69,13 +74,13 @@ def test_part_spans_cover_each_part_of_a_line_in_order(checks):
         assert joint_errors.verdict_kind(line) == f"{'derived' if derived else 'base'} {line.rsplit(' ', 1)[1]}"
 
 
-@pytest.mark.parametrize("checks", ["", "listed", "paired", "signed", "signed_all"])
+@pytest.mark.parametrize("checks", LAYOUTS)
 def test_teacher_forced_table_counts_every_line_once_per_part(model, tokenizer, checks):
     """On a tiny random model: each part's line count is the number of derivation lines that have it
     (the rule only on derived lines), the verdict kinds add up to the yes/no row, the kinds split
     by fact-line length count the lines that state 1 or 2 properties, and (with `checks`) the
     check words add up to the yes/no words written in the checks."""
-    examples = eval_examples(2, seed=0, tasks=[get_task("joint", checks=checks)])
+    examples = eval_examples(2, seed=0, tasks=[get_task("joint", **_options(checks))])
     lines = [line for e in examples for line in e.reasoning.splitlines()]
     with torch.inference_mode():
         rows = joint_errors.teacher_forced_table(model, tokenizer, examples)
@@ -101,3 +106,4 @@ def test_stated_counts_the_properties_of_a_fact_line():
     assert joint_errors.stated(line) == 3
     assert joint_errors.stated("1. Is Kim insured? Kim is rested. no") == 1
     assert joint_errors.stated("1. Is Kim insured? Kim has none of these. no") == 0
+    assert joint_errors.stated("1. Is Kim insured? Kim: rested=yes, insured=no, licensed=yes. insured=no. no") == 2

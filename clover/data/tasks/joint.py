@@ -38,6 +38,14 @@ line writes does not depend on their outcomes (in the other layouts a condition'
 match, and block mode learns to read a check's outcome from where they stop); the answer is then yes
 when every condition has a "+".
 
+With ``facts="roster"`` (the default is ``"stated"``, the closed-world sentences above) the prompt
+lists every pilot's value of every base property, ``Kim: licensed=no, rested=yes, registered=yes.``,
+as a roster does, and each line looks up the conditions it needs in the copied roster line before
+the answer: ``2. Is Kim cleared? Kim: licensed=no, rested=yes, registered=yes. Anyone who is licensed
+and rested is cleared. licensed=no, rested=yes. no`` (a base property: ``rested=yes. yes``). Each
+lookup copies the value that follows the condition in the line just written, and the answer is yes
+when every looked-up value is; no step has to notice that a word is missing from a line.
+
 With ``balanced`` (a training option, off by default) each question is drawn so that its answer
 is yes or no with equal odds, whatever the pilot's fact line holds. Drawn uniformly, a base property
 asked of a pilot with one stated property is "no" two times in three, and with two "yes" two times
@@ -63,6 +71,7 @@ INSTRUCTION = "Answer every question with yes or no, all on one line."
 _BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
 _DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
 _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its checks in two more layouts
+FACT_FORMS = ("stated", "roster")  # the prompt's facts: closed-world sentences, or every value listed
 _SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
 
@@ -75,7 +84,8 @@ class JointTask(Task):
     name = "joint"
 
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
-                 chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: str = ""):
+                 chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: str = "",
+                 facts: str = "stated"):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
@@ -84,6 +94,11 @@ class JointTask(Task):
         if check_layout(checks, reasoning, _CHECK_LAYOUTS) and chain:
             raise ValueError(f"checks={checks!r} needs chain=False (a chained condition is not in the fact "
                              f"line), got chain=True")
+        if facts not in FACT_FORMS:
+            raise ValueError(f"facts={facts!r} must be one of {FACT_FORMS}")
+        if facts == "roster" and (chain or checks):
+            raise ValueError(f"facts='roster' writes its own lookups of base properties: it needs "
+                             f"chain=False and checks='', got chain={chain}, checks={checks!r}")
         self.min_questions = min_questions
         self.max_questions = max_questions
         self.max_rules = max_rules
@@ -91,6 +106,7 @@ class JointTask(Task):
         self.reasoning = reasoning  # write the think-block derivation (else an empty think block)
         self.balanced = balanced
         self.checks = checks  # write each condition's check against the fact line before the answer
+        self.facts = facts
 
     def sample(self, rng: random.Random) -> Example:
         base = rng.sample(_BASE, 3)
@@ -109,7 +125,7 @@ class JointTask(Task):
         pairs.sort()
         questions = [(people[i], props[j]) for i, j in pairs]
         answers = [prop in truth[p] for p, prop in questions]
-        prompt = _render(rules, people, facts, base, questions)
+        prompt = _render(rules, people, facts, base, questions, self.facts)
         answer = " ".join(f"{k}:{_yn(a)}" for k, a in enumerate(answers, 1))
         derived = [prop in dict(rules) for _, prop in questions]
         reasoning = "\n".join(
@@ -122,9 +138,12 @@ class JointTask(Task):
         """``2. Is Kim cleared? Kim is rested. Anyone who is licensed and rested is cleared. no``:
         the question, the fact line, the rule(s) behind the property, [the checks,] the answer."""
         behind = _rules_behind(prop, rules)
-        words = [f"{k}. Is {pilot} {prop}?", _fact_line(pilot, held, base), *map(_rule_line, behind)]
-        if self.checks:
-            conditions = behind[0][1] if behind else (prop,)
+        conditions = behind[0][1] if behind else (prop,)
+        words = [f"{k}. Is {pilot} {prop}?", _fact_line(pilot, held, base, self.facts),
+                 *map(_rule_line, behind)]
+        if self.facts == "roster":
+            words.append(_values(conditions, held))
+        elif self.checks:
             words.append(_checks([b for b in base if b in held], conditions, self.checks))
         return " ".join(w for w in [*words, _yn(answer)] if w)
 
@@ -250,7 +269,14 @@ def _check(held: str, condition: str, layout: str) -> str:
     return f"{held}={condition} {_yn(held == condition)}"
 
 
-def _fact_line(person: str, held: set[str], base: list[str]) -> str:
+def _values(properties: list[str] | tuple[str, ...], held: set[str]) -> str:
+    """``licensed=no, rested=yes.``: each property with its value, as a roster line writes it."""
+    return ", ".join(f"{prop}={_yn(prop in held)}" for prop in properties) + "."
+
+
+def _fact_line(person: str, held: set[str], base: list[str], form: str = "stated") -> str:
+    if form == "roster":
+        return f"{person}: {_values(base, held)}"
     held_in_order = [b for b in base if b in held]
     return f"{person} is {_join(held_in_order)}." if held_in_order else f"{person} has none of these."
 
@@ -261,12 +287,13 @@ def _render(
     facts: dict[str, set[str]],
     base: list[str],
     questions: list[tuple[str, str]],
+    form: str = "stated",
 ) -> str:
     rule_lines = [_rule_line(rule) for rule in rules]
-    fact_lines = [_fact_line(p, facts[p], base) for p in people]
+    fact_lines = [_fact_line(p, facts[p], base, form) for p in people]
     q_lines = [f"{k}. Is {p} {prop}?" for k, (p, prop) in enumerate(questions, 1)]
     return "\n".join(
-        ["Rules:", *rule_lines, "Facts (nothing else is true):", *fact_lines,
+        ["Rules:", *rule_lines, "Roster:" if form == "roster" else "Facts (nothing else is true):", *fact_lines,
          "Questions:", *q_lines, INSTRUCTION]
     )
 
