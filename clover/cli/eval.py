@@ -54,7 +54,7 @@ def run(args) -> int:
     if args.task != "all" and args.task not in TASKS:
         raise ValueError(f"--task={args.task!r} is unknown; known: {sorted(TASKS)} or 'all'")
     names = list(EVAL_TASKS if args.task == "all" else [args.task])
-    options = task_options(args.option, names)
+    options = options_by_task(args.option, names)
     try:
         tasks = [get_task(n, **options.get(n, {})) for n in names]
     except TypeError as error:  # an option the task does not take
@@ -83,7 +83,7 @@ def run(args) -> int:
     return 0
 
 
-def task_options(pairs: list[str], tasks: list[str]) -> dict[str, dict]:
+def options_by_task(pairs: list[str], tasks: list[str]) -> dict[str, dict]:
     """`["joint.balanced=true"]` -> `{"joint": {"balanced": True}}`, for the evaluated `tasks` only."""
     options: dict[str, dict] = {}
     for pair in pairs:

@@ -71,7 +71,7 @@ INSTRUCTION = "Answer every question with yes or no, all on one line."
 _BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
 _DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
 _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its checks in two more layouts
-FACT_FORMS = ("stated", "roster")  # the prompt's facts: closed-world sentences, or every value listed
+_FACT_FORMS = ("stated", "roster")  # the prompt's facts: closed-world sentences, or every value listed
 _SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
 
@@ -94,8 +94,8 @@ class JointTask(Task):
         if check_layout(checks, reasoning, _CHECK_LAYOUTS) and chain:
             raise ValueError(f"checks={checks!r} needs chain=False (a chained condition is not in the fact "
                              f"line), got chain=True")
-        if facts not in FACT_FORMS:
-            raise ValueError(f"facts={facts!r} must be one of {FACT_FORMS}")
+        if facts not in _FACT_FORMS:
+            raise ValueError(f"facts={facts!r} must be one of {_FACT_FORMS}")
         if facts == "roster" and (chain or checks):
             raise ValueError(f"facts='roster' writes its own lookups of base properties: it needs "
                              f"chain=False and checks='', got chain={chain}, checks={checks!r}")
