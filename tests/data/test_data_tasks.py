@@ -262,7 +262,8 @@ def test_joint_roster_lists_every_value_and_each_line_looks_up_its_conditions():
             table[name] = dict(value.split("=") for value in values.split(", "))
             held = set() if "none" in sentence else set(
                 sentence.split(" is ", 1)[1].rstrip(".").replace(" and ", ", ").split(", "))
-            assert sentence.startswith(f"{name} ") and {p for p, v in table[name].items() if v == "yes"} == held
+            assert sentence.startswith(f"{name} ")
+            assert {p for p, v in table[name].items() if v == "yes"} == held
             assert len(table[name]) == 3 and set(table[name].values()) <= {"yes", "no"}
         for line, answer in zip(b.reasoning.splitlines(), b.answer.split()):
             head, verdict = line.rsplit(" ", 1)

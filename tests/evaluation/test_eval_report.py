@@ -149,10 +149,11 @@ def test_eval_cli_task_options_change_the_prompts(model, tokenizer, tmp_path, ca
             "--no-ar", "--json"]
     assert main(args + ["--option", 'joint.facts="roster"', "--option", "joint.max_questions=3"]) == 0
     out = capsys.readouterr().out
-    assert json.loads(out.strip().splitlines()[-1])["task_options"] == {"joint": {"facts": "roster",
-                                                                                   "max_questions": 3}}
+    given = {"joint": {"facts": "roster", "max_questions": 3}}
+    assert json.loads(out.strip().splitlines()[-1])["task_options"] == given
     assert 'task options: {"joint": {"facts": "roster", "max_questions": 3}}' in out
-    assert main(args) == 0 and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["task_options"] == {}
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["task_options"] == {}
     for pair, message in [("joint.facts=roster", "expected NAME=JSON"),
                           ("record.max_questions=3", "TASK one of the evaluated tasks ['joint']"),
                           ("facts=1", "TASK one of the evaluated tasks"),

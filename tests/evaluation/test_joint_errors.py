@@ -106,4 +106,5 @@ def test_stated_counts_the_properties_of_a_fact_line():
     assert joint_errors.stated(line) == 3
     assert joint_errors.stated("1. Is Kim insured? Kim is rested. no") == 1
     assert joint_errors.stated("1. Is Kim insured? Kim has none of these. no") == 0
-    assert joint_errors.stated("1. Is Kim insured? Kim: rested=yes, insured=no, licensed=yes. insured=no. no") == 2
+    roster_line = "1. Is Kim insured? Kim: rested=yes, insured=no, licensed=yes. insured=no. no"
+    assert joint_errors.stated(roster_line) == 2

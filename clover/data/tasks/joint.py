@@ -71,7 +71,8 @@ INSTRUCTION = "Answer every question with yes or no, all on one line."
 _BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
 _DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
 _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its checks in two more layouts
-_FACT_FORMS = ("stated", "roster")  # the prompt's facts: closed-world sentences, or every value listed
+# the prompt's facts, by form, under their heading: closed-world sentences, or every value listed
+_FACT_HEADINGS = {"stated": "Facts (nothing else is true):", "roster": "Roster:"}
 _SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
 
@@ -94,8 +95,8 @@ class JointTask(Task):
         if check_layout(checks, reasoning, _CHECK_LAYOUTS) and chain:
             raise ValueError(f"checks={checks!r} needs chain=False (a chained condition is not in the fact "
                              f"line), got chain=True")
-        if facts not in _FACT_FORMS:
-            raise ValueError(f"facts={facts!r} must be one of {_FACT_FORMS}")
+        if facts not in _FACT_HEADINGS:
+            raise ValueError(f"facts={facts!r} must be one of {tuple(_FACT_HEADINGS)}")
         if facts == "roster" and (chain or checks):
             raise ValueError(f"facts='roster' writes its own lookups of base properties: it needs "
                              f"chain=False and checks='', got chain={chain}, checks={checks!r}")
@@ -274,7 +275,7 @@ def _values(properties: list[str] | tuple[str, ...], held: set[str]) -> str:
     return ", ".join(f"{prop}={_yn(prop in held)}" for prop in properties) + "."
 
 
-def _fact_line(person: str, held: set[str], base: list[str], form: str = "stated") -> str:
+def _fact_line(person: str, held: set[str], base: list[str], form: str) -> str:
     if form == "roster":
         return f"{person}: {_values(base, held)}"
     held_in_order = [b for b in base if b in held]
@@ -287,13 +288,13 @@ def _render(
     facts: dict[str, set[str]],
     base: list[str],
     questions: list[tuple[str, str]],
-    form: str = "stated",
+    form: str,
 ) -> str:
     rule_lines = [_rule_line(rule) for rule in rules]
     fact_lines = [_fact_line(p, facts[p], base, form) for p in people]
     q_lines = [f"{k}. Is {p} {prop}?" for k, (p, prop) in enumerate(questions, 1)]
     return "\n".join(
-        ["Rules:", *rule_lines, "Roster:" if form == "roster" else "Facts (nothing else is true):", *fact_lines,
+        ["Rules:", *rule_lines, _FACT_HEADINGS[form], *fact_lines,
          "Questions:", *q_lines, INSTRUCTION]
     )
 
