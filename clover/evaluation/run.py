@@ -1,11 +1,13 @@
 """Evaluate a model on held-out task prompts with block diffusion and with AR decoding, in one run
 (and, when asked, with self-speculative decoding, whose text must equal AR's: C6 on real prompts).
 
-Each prompt is decoded alone (batch of one, greedy), since batch-1 latency is what block diffusion
-is for; accuracy comes from the tasks' exact-match scorers, with per-field counts where a task
-reports them. The two modes are interleaved prompt by prompt (and which one goes first alternates),
-so a change in machine load during the run affects both alike; timing covers `generate` only
-(prefill included), summed over prompts.
+Each prompt is decoded alone (batch of one, greedy) by default, since batch-1 latency is what block
+diffusion is for; `batch_size` > 1 decodes that many prompts per `generate` call instead (rows are
+independent, so the texts are those of batch one up to float rounding; the speed is then the
+batch's). Accuracy comes from the tasks' exact-match scorers, with per-field counts where a task
+reports them. The modes are interleaved prompt by prompt, or batch by batch (and which one goes
+first alternates), so a change in machine load during the run affects them alike; timing covers
+`generate` only (prefill included), summed over prompts.
 
 Generation settings are the checkpoint's own (`generation_config.json`: threshold, block size,
 penalties) and its chat template's default thinking mode; arguments override them only when given.
@@ -94,6 +96,7 @@ class EvalReport:
     ar: DecodeSummary | None
     self_spec: DecodeSummary | None = None
     thinking: bool | None = None  # whether the prompts were in thinking mode (None: no prompts)
+    batch_size: int = 1  # prompts per generate call: speed figures are at this batch
 
     @property
     def self_spec_same_as_ar(self) -> int | None:
@@ -120,6 +123,7 @@ class EvalReport:
         d = self.diffusion
         out = {
             "model": self.model, "task": self.task, "n": d.n, "threads": self.threads, "thinking": self.thinking,
+            "batch_size": self.batch_size,
             "threshold": self.threshold, "block_size": self.block_size,
             "accuracy": d.accuracy, "tokens_per_forward": d.tokens_per_forward,
             "tokens_per_second": d.tokens_per_second,
@@ -151,29 +155,45 @@ def prompt_ids(model, tokenizer, example: Example, enable_thinking: bool | None 
 def decode_one(model, tokenizer, example: Example, mode: str, settings: dict,
                enable_thinking: bool | None = None) -> tuple[str, int, int, float]:
     """(text, new tokens, decoding forwards, seconds) for one prompt, greedy, batch of one."""
-    ids = prompt_ids(model, tokenizer, example, enable_thinking)
+    return decode_batch(model, tokenizer, [example], mode, settings, enable_thinking)[0]
+
+
+def decode_batch(model, tokenizer, examples: Sequence[Example], mode: str, settings: dict,
+                 enable_thinking: bool | None = None) -> list[tuple[str, int, int, float]]:
+    """`decode_one` for several prompts in one greedy `generate` call (left-padded): each row's
+    text, new tokens and decoding forwards, and an equal share of the call's seconds."""
+    prompts = [prompt_ids(model, tokenizer, e, enable_thinking)[0] for e in examples]
+    width = max(len(p) for p in prompts)
+    ids = prompts[0].new_zeros(len(prompts), width)  # [N, T]; the padding's ids are masked out
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
     start = time.perf_counter()
-    out = model.generate(ids, mode=mode, do_sample=False, return_dict_in_generate=True, **settings)
-    seconds = time.perf_counter() - start
-    text = tokenizer.decode(out.response_ids(0, ids.shape[1]), skip_special_tokens=False)
-    return text, out.rows[0].new_tokens, out.num_forward_passes - out.num_prefill_forwards, seconds
+    out = model.generate(ids, attention_mask=mask, mode=mode, do_sample=False, return_dict_in_generate=True,
+                         **settings)
+    share = (time.perf_counter() - start) / len(prompts)
+    return [(tokenizer.decode(out.response_ids(row, width), skip_special_tokens=False), stats.new_tokens,
+             stats.num_forwards - out.num_prefill_forwards, share) for row, stats in enumerate(out.rows)]
 
 
 def decode_all(model, tokenizer, examples: Sequence[Example], modes: dict[str, dict],
-               enable_thinking: bool | None = None, progress=None) -> dict[str, DecodeSummary]:
-    """Decode every example in every mode of `modes` (mode -> generate settings), interleaved
-    prompt by prompt with the first mode alternating; score each output."""
+               enable_thinking: bool | None = None, progress=None, batch_size: int = 1) -> dict[str, DecodeSummary]:
+    """Decode every example in every mode of `modes` (mode -> generate settings), `batch_size`
+    prompts per call, interleaved batch by batch with the first mode alternating; score each output."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be at least 1")
     summaries = {mode: DecodeSummary(mode) for mode in modes}
     tasks: dict[str, object] = {}
     order = list(modes)
-    for i, example in enumerate(examples):
-        task = tasks.setdefault(example.task, get_task(example.task))
+    for i, first in enumerate(range(0, len(examples), batch_size)):
+        chunk = examples[first:first + batch_size]
         for mode in (order if i % 2 == 0 else order[::-1]):
-            text, tokens, forwards, seconds = decode_one(model, tokenizer, example, mode, modes[mode],
-                                                         enable_thinking)
-            summaries[mode].add(example.task, task.score(example, text), tokens, forwards, seconds, text)
+            rows = decode_batch(model, tokenizer, chunk, mode, modes[mode], enable_thinking)
+            for example, (text, tokens, forwards, seconds) in zip(chunk, rows):
+                task = tasks.setdefault(example.task, get_task(example.task))
+                summaries[mode].add(example.task, task.score(example, text), tokens, forwards, seconds, text)
         if progress is not None:
-            progress(summaries)
+            progress(summaries, len(chunk))
     return summaries
 
 
@@ -181,9 +201,9 @@ def decode_all(model, tokenizer, examples: Sequence[Example], modes: dict[str, d
 def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str = "", task: str = "all",
              threshold: float | None = None, block_size: int | None = None, max_new_tokens: int = 512,
              with_ar: bool = True, enable_thinking: bool | None = None,
-             show_progress: bool = True, with_self_spec: bool = False) -> EvalReport:
+             show_progress: bool = True, with_self_spec: bool = False, batch_size: int = 1) -> EvalReport:
     """Decode every example with block diffusion and (optionally) AR and self-speculative decoding
-    (drafts of `block_size`), interleaved; score each. `threshold` / `block_size` default to the
+    (drafts of `block_size`), interleaved, `batch_size` prompts per call; score each. `threshold` / `block_size` default to the
     checkpoint's generation config."""
     gen = model.generation_config
     threshold = getattr(gen, "threshold", 0.95) if threshold is None else threshold
@@ -197,23 +217,25 @@ def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str =
     bar = tqdm(total=len(examples), disable=not show_progress, unit="prompt", desc="eval",
                dynamic_ncols=True)
 
-    def progress(summaries):
-        bar.update(1)
+    def progress(summaries, done):
+        bar.update(done)
         bar.set_postfix({f"{m[:2]}_acc": f"{s.accuracy:.2f}" for m, s in summaries.items() if m != "self_spec"}
                         | {"tok/fwd": f"{summaries['block_diffusion'].tokens_per_forward:.1f}"})
 
-    results = decode_all(model, tokenizer, examples, modes, enable_thinking, progress)
+    results = decode_all(model, tokenizer, examples, modes, enable_thinking, progress, batch_size)
     bar.close()
     thinking = format_chat(tokenizer, examples[0], enable_thinking).answer.startswith("<think>") if examples else None
     return EvalReport(model_name, task, threshold, block_size, torch.get_num_threads(),
-                      results["block_diffusion"], results.get("ar"), results.get("self_spec"), thinking)
+                      results["block_diffusion"], results.get("ar"), results.get("self_spec"), thinking,
+                      batch_size)
 
 
 def report_lines(report: EvalReport) -> list[str]:
     d, a = report.diffusion, report.ar
     lines = [f"model {report.model}  task {report.task}  n={d.n}  block {report.block_size}  "
              f"threshold {report.threshold}  thinking {'on' if report.thinking else 'off'}  "
-             f"threads {report.threads}  (modes interleaved per prompt)"]
+             f"threads {report.threads}  " + ("(modes interleaved per prompt)" if report.batch_size == 1 else
+                                              f"batch {report.batch_size}  (modes interleaved per batch)")]
     lines.append(f"{'mode':<16}{'accuracy':>9}{'tok/fwd':>9}{'tok/s':>9}")
     for s in (d, a, report.self_spec):
         if s is not None:

@@ -42,6 +42,23 @@ def test_self_spec_writes_ar_text_on_every_prompt(model, tokenizer):
     assert report.self_spec_same_as_ar == 3
 
 
+def test_batched_eval_writes_the_texts_of_batch_one(model, tokenizer):
+    """`batch_size` decodes several prompts (of unequal lengths) per call; rows are independent, so
+    every mode writes what it writes at batch one, each row counting its own tokens and forwards."""
+    examples = eval_examples(3, seed=0, tasks=[get_task("joint"), get_task("record")])
+    settings = dict(max_new_tokens=16, block_size=8, threshold=0.9, show_progress=False, with_self_spec=True)
+    one = evaluate(model, tokenizer, examples, **settings)
+    four = evaluate(model, tokenizer, examples, batch_size=4, **settings)
+    for alone, batched in ((one.diffusion, four.diffusion), (one.ar, four.ar), (one.self_spec, four.self_spec)):
+        assert batched.texts == alone.texts and all(alone.texts)
+        assert (batched.outcomes, batched.new_tokens, batched.forwards) == (alone.outcomes, alone.new_tokens,
+                                                                            alone.forwards)
+    assert four.batch_size == 4 and four.to_json()["batch_size"] == 4 and one.to_json()["batch_size"] == 1
+    assert "batch 4  (modes interleaved per batch)" in report_lines(four)[0]
+    with pytest.raises(ValueError, match="batch_size=0 must be at least 1"):
+        evaluate(model, tokenizer, examples, batch_size=0, **settings)
+
+
 def test_eval_cli_json_last_line(model, tokenizer, tmp_path, capsys):
     from clover.cli.main import main
 
