@@ -5,6 +5,7 @@ checking whether the asked property is in it (`joint_errors.py --teacher-forced`
 a fresh 4-layer Clover model (GDN, attention, GDN, attention; hidden 96) from scratch on that one
 check, in a synthetic layout of one-token words, and reports held-out accuracy as it trains:
 
+    rules    with --rules, two lines:   R p and q is D .        (as `joint`'s rules, over the same properties)
     prompt   one fact line per pilot:   N is p and q .          (1-3 pilots, 0-3 of 3 properties)
     question                            Is N X ?
     check    plain:  N is p and q .     (the fact line copied, as `joint`'s derivation does)
@@ -12,10 +13,12 @@ check, in a synthetic layout of one-token words, and reports held-out accuracy a
     answer   yes or no, predicted at the last position (half of each, as `JointTask(balanced=True)`)
 
 With `--spaces` a space token follows every word, as the task tokenizer writes text (it never
-merges a space into a word). "1-2 stated" is the accuracy on fact lines of one or two properties,
-where the line's length alone does not decide the answer (chance: 0.5).
+merges a space into a word). With `--loss response` the loss is the trainer's: next-token
+cross-entropy over the whole response (the check and the answer), not the answer alone. "1-2
+stated" is the accuracy on fact lines of one or two properties, where the line's length alone does
+not decide the answer (chance: 0.5).
 
-    python benchmarks/membership_probe.py --layout marked [--spaces] [--steps 600] [--seed 0]
+    python benchmarks/membership_probe.py --layout marked [--spaces] [--rules] [--loss response] [--steps 600] [--seed 0]
 
 About 0.2-0.5 s a step on one core (batch 64).
 """
@@ -30,8 +33,9 @@ import torch.nn.functional as F
 from clover.model import CloverMoeConfig, CloverMoeForCausalLM
 
 
-PAD, IS, AND, DOT, ASK, QMARK, OPEN, CLOSE, YES, NO, SPACE = range(11)
+PAD, IS, AND, DOT, ASK, QMARK, OPEN, CLOSE, YES, NO, SPACE, RULE = range(12)
 PROPERTIES = tuple(range(16, 22))  # 6, as `joint` draws its 3 base properties from
+DERIVED = (22, 23)
 NAMES = tuple(range(24, 44))
 VOCAB = 48
 
@@ -42,34 +46,55 @@ def fact_line(name: int, held: list[int]) -> list[int]:
     return [name, IS, *props, DOT]
 
 
-def sample(rng: random.Random, layout: str, spaces: bool) -> tuple[list[int], int, int]:
-    """(tokens, YES or NO, properties the asked pilot's fact line states)."""
+def rule_line(conditions: list[int], derived: int) -> list[int]:
+    """`R p and q is D .`"""
+    return [RULE, *[t for p in conditions for t in (p, AND)][:-1], IS, derived, DOT]
+
+
+def sample(rng: random.Random, layout: str, spaces: bool, rules: bool = False) -> tuple[list[int], int, int, int]:
+    """(tokens, YES or NO, properties the asked pilot's fact line states, where the response starts:
+    the check after the question)."""
     base = rng.sample(PROPERTIES, 3)
+    rule_lines = [t for d in DERIVED for t in rule_line(rng.sample(base, rng.choice((1, 2, 2))), d)] if rules else []
     names = rng.sample(NAMES, rng.randint(1, 3))
     facts = {n: [p for p in base if rng.random() < 0.55] for n in names}
     name = rng.choice(names)
     held = facts[name]
     yes = len(held) == 3 or (bool(held) and rng.random() < 0.5)
     asked = rng.choice(held if yes else [p for p in base if p not in held])
-    tokens = [t for n in names for t in fact_line(n, facts[n])] + [ASK, name, asked, QMARK]
+    tokens = rule_lines + [t for n in names for t in fact_line(n, facts[n])] + [ASK, name, asked, QMARK]
+    start = len(tokens)
     tokens += fact_line(name, held) if layout == "plain" else [OPEN, *held, CLOSE]
     if spaces:
-        tokens = [t for word in tokens for t in (word, SPACE)]
-    return tokens, YES if yes else NO, len(held)
+        tokens, start = [t for word in tokens for t in (word, SPACE)], 2 * start
+    return tokens, YES if yes else NO, len(held), start
 
 
-def batch(rng: random.Random, n: int, layout: str, spaces: bool):
-    """Left-padded token ids [n, T], attention mask [n, T], answers [n], stated counts [n]."""
-    samples = [sample(rng, layout, spaces) for _ in range(n)]
-    width = max(len(tokens) for tokens, _, _ in samples)
+def batch(rng: random.Random, n: int, layout: str, spaces: bool, rules: bool = False):
+    """Left-padded token ids [n, T], attention mask [n, T], answers [n], stated counts [n], and
+    the response [n, T]: True where a position predicts the next token of the check."""
+    samples = [sample(rng, layout, spaces, rules) for _ in range(n)]
+    width = max(len(tokens) for tokens, *_ in samples)
     ids = torch.full((n, width), PAD)
     mask = torch.zeros(n, width, dtype=torch.long)
-    for row, (tokens, _, _) in enumerate(samples):
+    response = torch.zeros(n, width, dtype=torch.bool)
+    for row, (tokens, _, _, start) in enumerate(samples):
         ids[row, width - len(tokens):] = torch.tensor(tokens)
         mask[row, width - len(tokens):] = 1
-    answers = torch.tensor([a for _, a, _ in samples])
-    stated = torch.tensor([s for _, _, s in samples])
-    return ids, mask, answers, stated
+        response[row, width - len(tokens) + start - 1:-1] = True  # from the question's last token on
+    answers = torch.tensor([a for _, a, *_ in samples])
+    stated = torch.tensor([s for _, _, s, _ in samples])
+    return ids, mask, answers, stated, response
+
+
+def probe_loss(logits: torch.Tensor, ids: torch.Tensor, answers: torch.Tensor, response: torch.Tensor | None):
+    """Cross-entropy of the answer at the last position, and with `response` also of every next
+    token of the check, averaged over all of them (the trainer's loss on the response)."""
+    if response is None:
+        return F.cross_entropy(logits[:, -1], answers)
+    targets = torch.cat((ids[:, 1:], answers[:, None]), dim=1)  # [n, T]: each position's next token
+    keep = torch.cat((response[:, :-1], torch.ones_like(response[:, :1])), dim=1)  # the check, then the answer
+    return F.cross_entropy(logits[keep], targets[keep])
 
 
 def small_model(seed: int) -> CloverMoeForCausalLM:
@@ -88,6 +113,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layout", choices=("plain", "marked"), default="plain")
     parser.add_argument("--spaces", action="store_true", help="a space token after every word")
+    parser.add_argument("--rules", action="store_true", help="two rule lines over the same properties first")
+    parser.add_argument("--loss", choices=("answer", "response"), default="answer",
+                        help="the answer alone, or every token of the check and the answer")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -96,16 +124,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model = small_model(args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
-    ids, mask, answers, stated = batch(random.Random(12345), 1024, args.layout, args.spaces)
+    ids, mask, answers, stated, _ = batch(random.Random(12345), 1024, args.layout, args.spaces, args.rules)
     undecided = (stated == 1) | (stated == 2)
     rng, start = random.Random(args.seed + 1), time.time()
-    print(f"layout {args.layout}, spaces {'on' if args.spaces else 'off'}, seed {args.seed}, lr {args.lr}, "
+    print(f"layout {args.layout}, spaces {'on' if args.spaces else 'off'}, rules {'on' if args.rules else 'off'}, "
+          f"loss {args.loss}, seed {args.seed}, lr {args.lr}, "
           f"batch 64, {args.threads} thread(s); held-out: 1024 prompts")
     for step in range(1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 20)
-        x, m, y, _ = batch(rng, 64, args.layout, args.spaces)
-        loss = F.cross_entropy(model(x, attention_mask=m).logits[:, -1], y)
+        x, m, y, _, response = batch(rng, 64, args.layout, args.spaces, args.rules)
+        loss = probe_loss(model(x, attention_mask=m).logits, x, y, response if args.loss == "response" else None)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

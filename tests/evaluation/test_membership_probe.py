@@ -27,7 +27,8 @@ def _check(tokens: list[int], layout: str) -> tuple[int, int, list[int]]:
 def test_the_answer_is_whether_the_asked_property_is_in_the_pilots_fact_line(layout):
     rng, answers = random.Random(0), []
     for _ in range(300):
-        tokens, answer, stated = probe.sample(rng, layout, spaces=False)
+        tokens, answer, stated, start = probe.sample(rng, layout, spaces=False)
+        assert tokens[start - 1] == probe.QMARK  # the response is the check after the question
         name, asked, listed = _check(tokens, layout)
         prompt_line = tokens[tokens.index(name):tokens.index(probe.DOT, tokens.index(name)) + 1]
         assert prompt_line == probe.fact_line(name, listed)  # the check copies the pilot's own line
@@ -39,16 +40,45 @@ def test_the_answer_is_whether_the_asked_property_is_in_the_pilots_fact_line(lay
 
 def test_spaces_follow_every_word_and_change_nothing_else():
     for seed in range(20):
-        plain, answer, stated = probe.sample(random.Random(seed), "marked", spaces=False)
+        plain, answer, stated, start = probe.sample(random.Random(seed), "marked", spaces=False)
         spaced = probe.sample(random.Random(seed), "marked", spaces=True)
         assert spaced[0][0::2] == plain and set(spaced[0][1::2]) == {probe.SPACE}
-        assert spaced[1:] == (answer, stated)
+        assert spaced[1:] == (answer, stated, 2 * start)
 
 
 def test_batches_are_left_padded_so_the_answer_is_predicted_at_the_last_position():
-    ids, mask, answers, stated = probe.batch(random.Random(1), 8, "plain", spaces=True)
+    ids, mask, answers, stated, _ = probe.batch(random.Random(1), 8, "plain", spaces=True)
     assert ids.shape == mask.shape and ids.shape[0] == 8 == len(answers) == len(stated)
     assert bool(mask[:, -1].all()) and bool((ids[mask == 0] == probe.PAD).all())
     assert bool((ids[:, -1] == probe.SPACE).all())
     logits = probe.small_model(0)(ids, attention_mask=mask).logits
     assert logits.shape == (*ids.shape, probe.VOCAB) and torch.isfinite(logits).all()
+
+
+def test_rules_come_first_and_name_base_properties():
+    for seed in range(50):
+        tokens, answer, stated, start = probe.sample(random.Random(seed), "plain", spaces=False, rules=True)
+        first_end = tokens.index(probe.DOT) + 1
+        lines = [tokens[:first_end], tokens[first_end:tokens.index(probe.DOT, first_end) + 1]]
+        for line, derived in zip(lines, probe.DERIVED):  # `R p and q is D .`
+            assert line[0] == probe.RULE and line[-3:] == [probe.IS, derived, probe.DOT]
+            assert 1 <= len([t for t in line if t in probe.PROPERTIES]) <= 2
+        rest = tokens[len(lines[0]) + len(lines[1]):]
+        assert probe.RULE not in rest and not set(rest) & set(probe.DERIVED)
+        assert tokens[start - 1] == probe.QMARK and answer in (probe.YES, probe.NO)
+
+
+def test_the_response_loss_covers_the_check_and_the_answer():
+    ids, mask, answers, stated, response = probe.batch(random.Random(2), 6, "marked", spaces=False)
+    for row in range(6):
+        real = ids[row][mask[row].bool()].tolist()
+        kept = ids[row, 1:][response[row, :-1]].tolist()  # the tokens the response positions predict
+        assert kept == real[real.index(probe.QMARK) + 1:] and kept[0] == probe.OPEN and kept[-1] == probe.CLOSE
+    logits = torch.randn(*ids.shape, probe.VOCAB)
+    answer_only = probe.probe_loss(logits, ids, answers, None)
+    assert torch.isclose(answer_only, torch.nn.functional.cross_entropy(logits[:, -1], answers))
+    whole = probe.probe_loss(logits, ids, answers, response)
+    n = int(response.sum()) + 6
+    expected = (torch.nn.functional.cross_entropy(logits[:, :-1][response[:, :-1]], ids[:, 1:][response[:, :-1]],
+                                                  reduction="sum") + answer_only * 6) / n
+    assert torch.isclose(whole, expected)
