@@ -18,7 +18,8 @@ cross-entropy over the whole response (the check and the answer), not the answer
 stated" is the accuracy on fact lines of one or two properties, where the line's length alone does
 not decide the answer (chance: 0.5).
 
-    python benchmarks/membership_probe.py --layout marked [--spaces] [--rules] [--loss response] [--steps 600] [--seed 0]
+    python benchmarks/membership_probe.py --layout marked [--spaces] [--rules] [--loss response]
+        [--steps 600] [--seed 0]
 
 About 0.2-0.5 s a step on one core (batch 64).
 """
@@ -93,7 +94,8 @@ def probe_loss(logits: torch.Tensor, ids: torch.Tensor, answers: torch.Tensor, r
     if response is None:
         return F.cross_entropy(logits[:, -1], answers)
     targets = torch.cat((ids[:, 1:], answers[:, None]), dim=1)  # [n, T]: each position's next token
-    keep = torch.cat((response[:, :-1], torch.ones_like(response[:, :1])), dim=1)  # the check, then the answer
+    keep = response.clone()
+    keep[:, -1] = True  # the check's positions, then the last one: the answer
     return F.cross_entropy(logits[keep], targets[keep])
 
 

@@ -203,8 +203,8 @@ def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str =
              with_ar: bool = True, enable_thinking: bool | None = None,
              show_progress: bool = True, with_self_spec: bool = False, batch_size: int = 1) -> EvalReport:
     """Decode every example with block diffusion and (optionally) AR and self-speculative decoding
-    (drafts of `block_size`), interleaved, `batch_size` prompts per call; score each. `threshold` / `block_size` default to the
-    checkpoint's generation config."""
+    (drafts of `block_size`), interleaved, `batch_size` prompts per call; score each. `threshold` /
+    `block_size` default to the checkpoint's generation config."""
     gen = model.generation_config
     threshold = getattr(gen, "threshold", 0.95) if threshold is None else threshold
     block_size = getattr(gen, "block_size", 32) if block_size is None else block_size

@@ -92,6 +92,8 @@ def test_eval_cli_refuses_unknown_task(capsys):
 
     assert main(["eval", "--task", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+    assert main(["eval", "--task", "record", "--batch-size", "0"]) == 2
+    assert "--batch-size=0 must be positive" in capsys.readouterr().err
 
 
 def test_evaluate_reports_per_field_counts(model, tokenizer):
