@@ -7,6 +7,7 @@ check, in a synthetic layout of one-token words, and reports held-out accuracy a
 
     rules    with --rules, two lines:   R p and q is D .        (as `joint`'s rules, over the same properties)
     prompt   one fact line per pilot:   N is p and q .          (1-3 pilots, 0-3 of 3 properties)
+    questions with --questions:         Is N X ? ...            (2-4, the asked one among them, as `joint`'s list)
     question                            Is N X ?
     check    plain:  N is p and q .     (the fact line copied, as `joint`'s derivation does)
              marked: [ p q ]            (the properties between brackets seen nowhere else)
@@ -18,7 +19,7 @@ cross-entropy over the whole response (the check and the answer), not the answer
 stated" is the accuracy on fact lines of one or two properties, where the line's length alone does
 not decide the answer (chance: 0.5).
 
-    python benchmarks/membership_probe.py --layout marked [--spaces] [--rules] [--loss response]
+    python benchmarks/membership_probe.py --layout marked [--spaces] [--rules] [--questions] [--loss response]
         [--steps 600] [--seed 0]
 
 About 0.2-0.5 s a step on one core (batch 64).
@@ -52,7 +53,8 @@ def rule_line(conditions: list[int], derived: int) -> list[int]:
     return [RULE, *[t for p in conditions for t in (p, AND)][:-1], IS, derived, DOT]
 
 
-def sample(rng: random.Random, layout: str, spaces: bool, rules: bool = False) -> tuple[list[int], int, int, int]:
+def sample(rng: random.Random, layout: str, spaces: bool, rules: bool = False,
+           questions: bool = False) -> tuple[list[int], int, int, int]:
     """(tokens, YES or NO, properties the asked pilot's fact line states, where the response starts:
     the check after the question)."""
     base = rng.sample(PROPERTIES, 3)
@@ -63,7 +65,13 @@ def sample(rng: random.Random, layout: str, spaces: bool, rules: bool = False) -
     held = facts[name]
     yes = len(held) == 3 or (bool(held) and rng.random() < 0.5)
     asked = rng.choice(held if yes else [p for p in base if p not in held])
-    tokens = rule_lines + [t for n in names for t in fact_line(n, facts[n])] + [ASK, name, asked, QMARK]
+    listed = []
+    if questions:  # the prompt's question list: the asked one and 1-3 others, in a random order
+        others = [(n, p) for n in names for p in base if (n, p) != (name, asked)]
+        listed = rng.sample(others, min(len(others), rng.randint(1, 3))) + [(name, asked)]
+        rng.shuffle(listed)
+    tokens = (rule_lines + [t for n in names for t in fact_line(n, facts[n])]
+              + [t for n, p in listed for t in (ASK, n, p, QMARK)] + [ASK, name, asked, QMARK])
     start = len(tokens)
     tokens += fact_line(name, held) if layout == "plain" else [OPEN, *held, CLOSE]
     if spaces:
@@ -71,10 +79,10 @@ def sample(rng: random.Random, layout: str, spaces: bool, rules: bool = False) -
     return tokens, YES if yes else NO, len(held), start
 
 
-def batch(rng: random.Random, n: int, layout: str, spaces: bool, rules: bool = False):
+def batch(rng: random.Random, n: int, layout: str, spaces: bool, rules: bool = False, questions: bool = False):
     """Left-padded token ids [n, T], attention mask [n, T], answers [n], stated counts [n], and
     the response [n, T]: True where a position predicts the next token of the check."""
-    samples = [sample(rng, layout, spaces, rules) for _ in range(n)]
+    samples = [sample(rng, layout, spaces, rules, questions) for _ in range(n)]
     width = max(len(tokens) for tokens, *_ in samples)
     ids = torch.full((n, width), PAD)
     mask = torch.zeros(n, width, dtype=torch.long)
@@ -116,6 +124,7 @@ def main() -> None:
     parser.add_argument("--layout", choices=("plain", "marked"), default="plain")
     parser.add_argument("--spaces", action="store_true", help="a space token after every word")
     parser.add_argument("--rules", action="store_true", help="two rule lines over the same properties first")
+    parser.add_argument("--questions", action="store_true", help="a list of 2-4 questions after the facts")
     parser.add_argument("--loss", choices=("answer", "response"), default="answer",
                         help="the answer alone, or every token of the check and the answer")
     parser.add_argument("--steps", type=int, default=600)
@@ -126,16 +135,18 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model = small_model(args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
-    ids, mask, answers, stated, _ = batch(random.Random(12345), 1024, args.layout, args.spaces, args.rules)
+    ids, mask, answers, stated, _ = batch(random.Random(12345), 1024, args.layout, args.spaces, args.rules,
+                                          args.questions)
     undecided = (stated == 1) | (stated == 2)
     rng, start = random.Random(args.seed + 1), time.time()
     print(f"layout {args.layout}, spaces {'on' if args.spaces else 'off'}, rules {'on' if args.rules else 'off'}, "
+          f"questions {'on' if args.questions else 'off'}, "
           f"loss {args.loss}, seed {args.seed}, lr {args.lr}, "
           f"batch 64, {args.threads} thread(s); held-out: 1024 prompts")
     for step in range(1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 20)
-        x, m, y, _, response = batch(rng, 64, args.layout, args.spaces, args.rules)
+        x, m, y, _, response = batch(rng, 64, args.layout, args.spaces, args.rules, args.questions)
         loss = probe_loss(model(x, attention_mask=m).logits, x, y, response if args.loss == "response" else None)
         optimizer.zero_grad()
         loss.backward()

@@ -68,6 +68,16 @@ def test_rules_come_first_and_name_base_properties():
         assert tokens[start - 1] == probe.QMARK and answer in (probe.YES, probe.NO)
 
 
+def test_the_question_list_holds_the_asked_question_among_others():
+    for seed in range(50):
+        tokens, answer, stated, start = probe.sample(random.Random(seed), "plain", spaces=False, questions=True)
+        asks = [i for i, t in enumerate(tokens) if t == probe.ASK]
+        pairs = [tuple(tokens[i + 1:i + 3]) for i in asks]
+        assert all(tokens[i + 3] == probe.QMARK for i in asks) and asks[-1] == start - 4
+        assert 2 <= len(pairs) - 1 <= 4 and pairs[-1] in pairs[:-1]  # the list, then the asked one again
+        assert len(set(pairs[:-1])) == len(pairs) - 1 and all(p in probe.PROPERTIES for _, p in pairs)
+
+
 def test_the_response_loss_covers_the_check_and_the_answer():
     ids, mask, answers, stated, response = probe.batch(random.Random(2), 6, "marked", spaces=False)
     for row in range(6):
