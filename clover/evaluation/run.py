@@ -162,15 +162,12 @@ def decode_batch(model, tokenizer, examples: Sequence[Example], mode: str, setti
                  enable_thinking: bool | None = None) -> list[tuple[str, int, int, float]]:
     """`decode_one` for several prompts in one greedy `generate` call (left-padded): each row's
     text, new tokens and decoding forwards, and an equal share of the call's seconds."""
-    prompts = [prompt_ids(model, tokenizer, e, enable_thinking)[0] for e in examples]
-    width = max(len(p) for p in prompts)
-    ids = prompts[0].new_zeros(len(prompts), width)  # [N, T]; the padding's ids are masked out
-    mask = torch.zeros_like(ids)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
+    prompts = [format_chat(tokenizer, e, enable_thinking=enable_thinking).prompt for e in examples]
+    batch = tokenizer(prompts, return_tensors="pt", add_special_tokens=False, padding=True,
+                      padding_side="left").to(model.device)
+    width = batch.input_ids.shape[1]
     start = time.perf_counter()
-    out = model.generate(ids, attention_mask=mask, mode=mode, do_sample=False, return_dict_in_generate=True,
-                         **settings)
+    out = model.generate(**batch, mode=mode, do_sample=False, return_dict_in_generate=True, **settings)
     share = (time.perf_counter() - start) / len(prompts)
     return [(tokenizer.decode(out.response_ids(row, width), skip_special_tokens=False), stats.new_tokens,
              stats.num_forwards - out.num_prefill_forwards, share) for row, stats in enumerate(out.rows)]
@@ -190,8 +187,10 @@ def decode_all(model, tokenizer, examples: Sequence[Example], modes: dict[str, d
         for mode in (order if i % 2 == 0 else order[::-1]):
             rows = decode_batch(model, tokenizer, chunk, mode, modes[mode], enable_thinking)
             for example, (text, tokens, forwards, seconds) in zip(chunk, rows):
-                task = tasks.setdefault(example.task, get_task(example.task))
-                summaries[mode].add(example.task, task.score(example, text), tokens, forwards, seconds, text)
+                if example.task not in tasks:
+                    tasks[example.task] = get_task(example.task)
+                score = tasks[example.task].score(example, text)
+                summaries[mode].add(example.task, score, tokens, forwards, seconds, text)
         if progress is not None:
             progress(summaries, len(chunk))
     return summaries
