@@ -42,15 +42,19 @@ NAMES = tuple(range(24, 44))
 VOCAB = 48
 
 
+def joined(props: list[int]) -> list[int]:
+    """`p and q` (nothing for no properties)."""
+    return [t for p in props for t in (p, AND)][:-1]
+
+
 def fact_line(name: int, held: list[int]) -> list[int]:
     """`N is p and q .` (`N is .` when the pilot holds nothing)."""
-    props = [t for p in held for t in (p, AND)][:-1]
-    return [name, IS, *props, DOT]
+    return [name, IS, *joined(held), DOT]
 
 
 def rule_line(conditions: list[int], derived: int) -> list[int]:
     """`R p and q is D .`"""
-    return [RULE, *[t for p in conditions for t in (p, AND)][:-1], IS, derived, DOT]
+    return [RULE, *joined(conditions), IS, derived, DOT]
 
 
 def sample(rng: random.Random, layout: str, spaces: bool, rules: bool = False,
