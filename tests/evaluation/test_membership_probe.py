@@ -92,3 +92,34 @@ def test_the_response_loss_covers_the_check_and_the_answer():
     expected = (torch.nn.functional.cross_entropy(logits[:, :-1][response[:, :-1]], ids[:, 1:][response[:, :-1]],
                                                   reduction="sum") + answer_only * 6) / n
     assert torch.isclose(whole, expected)
+
+
+@pytest.mark.parametrize("layout", ["plain", "marked"])
+def test_the_derivation_answers_every_listed_question_in_turn(layout):
+    for seed in range(100):
+        tokens, answer, stated, start = probe.sample(random.Random(seed), layout, spaces=False, questions=True,
+                                                     derivation=True)
+        listed, response = tokens[:start], tokens[start:] + [answer]
+        asks = [i for i, t in enumerate(listed) if t == probe.ASK]
+        pairs = [tuple(listed[i + 1:i + 3]) for i in asks]
+        assert 2 <= len(pairs) <= 4 and len(set(pairs)) == len(pairs)
+        lines, line = [], []
+        for t in response:  # split the response after each verdict
+            line.append(t)
+            if t in (probe.YES, probe.NO):
+                lines.append(line)
+                line = []
+        assert line == [] and len(lines) == len(pairs)  # one line per listed question, in the list's order
+        for (name, prop), line in zip(pairs, lines):
+            assert line[:4] == [probe.ASK, name, prop, probe.QMARK]
+            facts = listed[listed.index(name):listed.index(probe.DOT, listed.index(name)) + 1]
+            held = [t for t in facts[2:-1] if t != probe.AND]
+            assert line[4:-1] == (facts if layout == "plain" else [probe.OPEN, *held, probe.CLOSE])
+            assert line[-1] == (probe.YES if prop in held else probe.NO)
+        assert stated == len(held)  # of the asked pilot: the last line's
+
+
+def test_the_derivation_needs_the_question_list(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["membership_probe.py", "--derivation"])
+    with pytest.raises(SystemExit):
+        probe.main()
