@@ -23,9 +23,9 @@ not decide the answer (chance: 0.5).
 
     python benchmarks/membership_probe.py --layout marked [--spaces] [--rules] [--questions [--derivation]]
         [--loss response]
-        [--steps 600] [--seed 0]
+        [--steps 600] [--batch 64] [--seed 0]
 
-About 0.2-0.5 s a step on one core (batch 64).
+About 0.2-2 s a step on one core at batch 64, the longer with more options.
 """
 
 import argparse
@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--loss", choices=("answer", "response"), default="answer",
                         help="the answer alone, or every token of the check and the answer")
     parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch", type=int, default=64, help="training prompts per step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=1)
@@ -173,11 +174,11 @@ def main() -> None:
     print(f"layout {args.layout}, spaces {'on' if args.spaces else 'off'}, rules {'on' if args.rules else 'off'}, "
           f"questions {'on' if args.questions else 'off'}, derivation {'on' if args.derivation else 'off'}, "
           f"loss {args.loss}, seed {args.seed}, lr {args.lr}, "
-          f"batch 64, {args.threads} thread(s); held-out: 1024 prompts")
+          f"batch {args.batch}, {args.threads} thread(s); held-out: 1024 prompts")
     for step in range(1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 20)
-        x, m, y, _, response = batch(rng, 64, *options)
+        x, m, y, _, response = batch(rng, args.batch, *options)
         loss = probe_loss(model(x, attention_mask=m).logits, x, y, response if args.loss == "response" else None)
         optimizer.zero_grad()
         loss.backward()
