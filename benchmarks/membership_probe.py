@@ -60,6 +60,11 @@ def rule_line(conditions: list[int], derived: int) -> list[int]:
     return [RULE, *joined(conditions), IS, derived, DOT]
 
 
+def check(layout: str, name: int, held: list[int]) -> list[int]:
+    """What follows a question: the pilot's fact line copied (plain), or its properties marked."""
+    return fact_line(name, held) if layout == "plain" else [OPEN, *held, CLOSE]
+
+
 def question(rng: random.Random, facts: dict[int, list[int]], base: list[int]) -> tuple[int, int, bool]:
     """(pilot, property, whether the pilot's fact line states it): yes or no with equal odds where the
     line leaves a choice, as `JointTask(balanced=True)` draws."""
@@ -78,7 +83,6 @@ def sample(rng: random.Random, layout: str, spaces: bool, rules: bool = False,
     names = rng.sample(NAMES, rng.randint(1, 3))
     facts = {n: [p for p in base if rng.random() < 0.55] for n in names}
     name, asked, yes = question(rng, facts, base)
-    check = (lambda n: fact_line(n, facts[n])) if layout == "plain" else (lambda n: [OPEN, *facts[n], CLOSE])
     tokens = rule_lines + [t for n in names for t in fact_line(n, facts[n])]
     if derivation:  # 1-3 other questions, then the asked one; the response answers each in turn
         earlier: list[tuple[int, int, bool]] = []
@@ -89,8 +93,8 @@ def sample(rng: random.Random, layout: str, spaces: bool, rules: bool = False,
                 earlier.append(drawn)
         tokens += [t for n, p, _ in [*earlier, (name, asked, yes)] for t in (ASK, n, p, QMARK)]
         start = len(tokens)
-        tokens += [t for n, p, y in earlier for t in (ASK, n, p, QMARK, *check(n), YES if y else NO)]
-        tokens += [ASK, name, asked, QMARK, *check(name)]
+        tokens += [t for n, p, y in earlier for t in (ASK, n, p, QMARK, *check(layout, n, facts[n]), YES if y else NO)]
+        tokens += [ASK, name, asked, QMARK, *check(layout, name, facts[name])]
     else:
         listed = []
         if questions:  # the prompt's question list: the asked one and 1-3 others, in a random order
@@ -99,7 +103,7 @@ def sample(rng: random.Random, layout: str, spaces: bool, rules: bool = False,
             rng.shuffle(listed)
         tokens += [t for n, p in listed for t in (ASK, n, p, QMARK)] + [ASK, name, asked, QMARK]
         start = len(tokens)
-        tokens += check(name)
+        tokens += check(layout, name, facts[name])
     if spaces:
         tokens, start = [t for word in tokens for t in (word, SPACE)], 2 * start
     return tokens, YES if yes else NO, len(facts[name]), start
@@ -108,7 +112,8 @@ def sample(rng: random.Random, layout: str, spaces: bool, rules: bool = False,
 def batch(rng: random.Random, n: int, layout: str, spaces: bool, rules: bool = False, questions: bool = False,
           derivation: bool = False):
     """Left-padded token ids [n, T], attention mask [n, T], answers [n], stated counts [n], and
-    the response [n, T]: True where a position predicts the next token of the check."""
+    the response [n, T]: True where a position predicts the next token of the check (with `derivation`,
+    of every line before the last answer)."""
     samples = [sample(rng, layout, spaces, rules, questions, derivation) for _ in range(n)]
     width = max(len(tokens) for tokens, *_ in samples)
     ids = torch.full((n, width), PAD)
