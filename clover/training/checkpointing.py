@@ -149,7 +149,8 @@ def load_checkpoint(path: str | Path, model, optimizer, dist: DistInfo) -> dict:
 
     state = read_meta(path)
     tensors, groups = _tensor_state(model, optimizer)  # templates (creates AdamW state if none yet)
-    saved = set(HuggingFaceStorageReader(str(path)).read_metadata().state_dict_metadata)
+    reader = HuggingFaceStorageReader(str(path))
+    saved = set(reader.read_metadata().state_dict_metadata)
     missing = sorted(k for k in tensors if k.startswith("model.") and k not in saved)
     if missing:
         raise ValueError(f"{path}: the checkpoint has no tensor for {len(missing)} of this model's "
@@ -157,7 +158,7 @@ def load_checkpoint(path: str | Path, model, optimizer, dist: DistInfo) -> dict:
     # AdamW makes a parameter's state at its first gradient, so a parameter that never had one (the
     # block-mode-only weights of an AR-only run) has none saved: it keeps the template's fresh state
     dcp.load({k: v for k, v in tensors.items() if k in saved},  # in place, into the templates
-             storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not dist.enabled)
+             storage_reader=reader, no_dist=not dist.enabled)
     model_sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
     optim_state: dict[str, dict] = {}
     names = {fqn for g in groups for fqn in g["params"]}

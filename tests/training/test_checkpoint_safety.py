@@ -1,8 +1,10 @@
 """Resume never unpickles: a crafted pickle in the run directory (an old-style `step-N.pt`, or a
-DCP `.metadata` inside a checkpoint) is never executed; checkpoints are safetensors + JSON."""
+DCP `.metadata` inside a checkpoint) is never executed; checkpoints are safetensors + JSON. A checkpoint
+that lacks a parameter of the model is refused by name."""
 
 import pickle
 
+import pytest
 import torch
 
 from clover.training import checkpointing as ckpt
@@ -61,3 +63,13 @@ def test_tied_embeddings_checkpoint_and_resume(tmp_path):
     resumed = trainer()
     assert resumed.resume() and resumed.step == 2
     assert [resumed.train_step().loss for _ in range(2)] == losses
+
+
+def test_a_checkpoint_without_one_of_the_models_parameters_is_refused_by_name(tmp_path):
+    run = tmp_path / "run"
+    Trainer(digits_model(seed=1), _config(), digits_dataset(4), run_dir=run, progress=False).train(max_steps=1)
+    model = digits_model(seed=1)
+    model.register_parameter("extra", torch.nn.Parameter(torch.zeros(3)))
+    resumed = Trainer(model, _config(), digits_dataset(4), run_dir=run, progress=False)
+    with pytest.raises(ValueError, match="no tensor for 1 of this model's parameters, e.g. extra"):
+        resumed.resume()
