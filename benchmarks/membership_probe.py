@@ -22,8 +22,7 @@ stated" is the accuracy on fact lines of one or two properties, where the line's
 not decide the answer (chance: 0.5).
 
     python benchmarks/membership_probe.py --layout marked [--spaces] [--rules] [--questions [--derivation]]
-        [--loss response]
-        [--steps 600] [--batch 64] [--seed 0]
+        [--loss response] [--steps 600] [--batch 64] [--seed 0]
 
 About 0.2-2 s a step on one core at batch 64, the longer with more options.
 """

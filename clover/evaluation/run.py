@@ -146,10 +146,17 @@ class EvalReport:
         return out
 
 
+def prompt_batch(model, tokenizer, examples: Sequence[Example], enable_thinking: bool | None = None):
+    """The examples' chat-formatted prompts, tokenized and left-padded on the model's device:
+    `input_ids` and `attention_mask` [N, T]."""
+    prompts = [format_chat(tokenizer, e, enable_thinking=enable_thinking).prompt for e in examples]
+    return tokenizer(prompts, return_tensors="pt", add_special_tokens=False, padding=True,
+                     padding_side="left").to(model.device)
+
+
 def prompt_ids(model, tokenizer, example: Example, enable_thinking: bool | None = None) -> torch.Tensor:
     """The example's chat-formatted prompt as token ids [1, T] on the model's device."""
-    prompt, _ = format_chat(tokenizer, example, enable_thinking=enable_thinking)
-    return tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
+    return prompt_batch(model, tokenizer, [example], enable_thinking).input_ids
 
 
 def decode_one(model, tokenizer, example: Example, mode: str, settings: dict,
@@ -162,13 +169,11 @@ def decode_batch(model, tokenizer, examples: Sequence[Example], mode: str, setti
                  enable_thinking: bool | None = None) -> list[tuple[str, int, int, float]]:
     """`decode_one` for several prompts in one greedy `generate` call (left-padded): each row's
     text, new tokens and decoding forwards, and an equal share of the call's seconds."""
-    prompts = [format_chat(tokenizer, e, enable_thinking=enable_thinking).prompt for e in examples]
-    batch = tokenizer(prompts, return_tensors="pt", add_special_tokens=False, padding=True,
-                      padding_side="left").to(model.device)
+    batch = prompt_batch(model, tokenizer, examples, enable_thinking)
     width = batch.input_ids.shape[1]
     start = time.perf_counter()
     out = model.generate(**batch, mode=mode, do_sample=False, return_dict_in_generate=True, **settings)
-    share = (time.perf_counter() - start) / len(prompts)
+    share = (time.perf_counter() - start) / len(examples)
     return [(tokenizer.decode(out.response_ids(row, width), skip_special_tokens=False), stats.new_tokens,
              stats.num_forwards - out.num_prefill_forwards, share) for row, stats in enumerate(out.rows)]
 
@@ -180,15 +185,13 @@ def decode_all(model, tokenizer, examples: Sequence[Example], modes: dict[str, d
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be at least 1")
     summaries = {mode: DecodeSummary(mode) for mode in modes}
-    tasks: dict[str, object] = {}
+    tasks = {name: get_task(name) for name in {e.task for e in examples}}  # each task's scorer, built once
     order = list(modes)
     for i, first in enumerate(range(0, len(examples), batch_size)):
         chunk = examples[first:first + batch_size]
         for mode in (order if i % 2 == 0 else order[::-1]):
             rows = decode_batch(model, tokenizer, chunk, mode, modes[mode], enable_thinking)
             for example, (text, tokens, forwards, seconds) in zip(chunk, rows):
-                if example.task not in tasks:
-                    tasks[example.task] = get_task(example.task)
                 score = tasks[example.task].score(example, text)
                 summaries[mode].add(example.task, score, tokens, forwards, seconds, text)
         if progress is not None:
