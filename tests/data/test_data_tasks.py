@@ -190,6 +190,22 @@ def test_joint_balanced_answers_do_not_follow_the_fact_line_length():
         "Fay is trained.", "Kim is insured.", "Ivy is trained."]
 
 
+def test_joint_without_derived_questions_asks_only_base_properties():
+    """`ask_derived=False` keeps the rules in the prompt but asks only base properties, so every line
+    is one check of the fact line (no rule copied) and scores as before; balanced, its answers are
+    near even; 8 questions still fit (3 pilots of 3 base properties)."""
+    task = get_task("joint", ask_derived=False, balanced=True, max_questions=8)
+    verdicts = []
+    for seed in range(200):
+        ex = task.generate(seed, "train")
+        assert "Rules:\nAnyone who is" in ex.prompt and not any(ex.meta["derived"])
+        assert "Anyone" not in ex.reasoning and len(ex.reasoning.splitlines()) == len(ex.meta["answers"])
+        assert task.score(ex, ex.answer)["correct"]
+        verdicts += ex.meta["answers"]
+    assert 0.4 < sum(verdicts) / len(verdicts) < 0.6
+    assert any(get_task("joint").generate(seed, "train").meta["derived"].count(True) for seed in range(20))
+
+
 @pytest.mark.parametrize("layout", ["listed", "paired", "signed", "signed_all"])
 def test_joint_checks_write_each_condition_against_the_fact_line(layout):
     """With `checks`, each line checks the asked property (or the rule's conditions, in order) against

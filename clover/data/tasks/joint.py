@@ -46,6 +46,9 @@ and rested is cleared. licensed=no, rested=yes. no`` (a base property: ``rested=
 lookup copies the value that follows the condition in the line just written, and the answer is yes
 when every looked-up value is; no step has to notice that a word is missing from a line.
 
+With ``ask_derived=False`` (a training option; on by default) every question asks a base property:
+the rules are still given, but no line needs them, so each answer is one check of the fact line.
+
 With ``balanced`` (a training option, off by default) each question is drawn so that its answer
 is yes or no with equal odds, whatever the pilot's fact line holds. Drawn uniformly, a base property
 asked of a pilot with one stated property is "no" two times in three, and with two "yes" two times
@@ -86,7 +89,7 @@ class JointTask(Task):
 
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
                  chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: str = "",
-                 facts: str = "stated"):
+                 facts: str = "stated", ask_derived: bool = True):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
@@ -108,17 +111,19 @@ class JointTask(Task):
         self.balanced = balanced
         self.checks = checks  # write each condition's check against the fact line before the answer
         self.facts = facts
+        self.ask_derived = ask_derived  # else every question asks a base property
 
     def sample(self, rng: random.Random) -> Example:
         base = rng.sample(_BASE, 3)
         rules = _rules(rng, base, self.max_rules, self.chain)
         props = base + [d for d, _ in rules]
+        askable = len(props) if self.ask_derived else len(base)  # props[:askable] may be asked
         n_q = rng.randint(self.min_questions, self.max_questions)
-        n_people = rng.randint(-(-n_q // len(props)), 3)
+        n_people = rng.randint(-(-n_q // askable), 3)
         people = rng.sample(FIRST_NAMES, n_people)
         facts = {p: {b for b in base if rng.random() < 0.55} for p in people}
         truth = {p: _closure(facts[p], rules) for p in people}
-        every = [(i, j) for i in range(n_people) for j in range(len(props))]
+        every = [(i, j) for i in range(n_people) for j in range(askable)]
         if self.balanced:
             pairs = _balanced_pairs(rng, every, lambda i, j: props[j] in truth[people[i]], len(base), n_q)
         else:
