@@ -137,3 +137,21 @@ def test_embedded_stages_chain_on_fresh_data():
         assert after.model.init == f"{before.output_dir}/final", after.name
     seeds = [stage.data.seed for stage in stages]
     assert len(set(seeds)) == len(seeds), seeds
+
+
+CURRICULUM_STAGES = ("curriculum_check_cpu", "curriculum_joint_cpu")  # in training order
+
+
+def test_curriculum_stages_teach_the_base_check_first():
+    """The second lineage starts fresh on `joint`'s base questions alone (AR loss), then each stage
+    starts from the export of the one before, on examples drawn with a data seed of its own."""
+    assert {p.stem for p in (ROOT / "recipes").glob("curriculum*.json")} == set(CURRICULUM_STAGES)
+    stages = [load_recipe(ROOT / "recipes" / f"{name}.json") for name in CURRICULUM_STAGES]
+    first = stages[0]
+    assert first.model.init is None and first.train.alpha == 0
+    assert first.data.tasks == ("joint",) and first.data.task_options["joint"]["ask_derived"] is False
+    for before, after in zip(stages, stages[1:]):
+        assert after.model.init == f"{before.output_dir}/final", after.name
+        assert after.data.task_options["joint"].get("ask_derived", True)
+    seeds = [stage.data.seed for stage in stages]
+    assert len(set(seeds)) == len(seeds), seeds
