@@ -139,7 +139,7 @@ def test_embedded_stages_chain_on_fresh_data():
     assert len(set(seeds)) == len(seeds), seeds
 
 
-CURRICULUM_STAGES = ("curriculum_check_cpu", "curriculum_joint_cpu")  # in training order
+CURRICULUM_STAGES = ("curriculum_check_cpu", "curriculum_joint_cpu", "curriculum_mix_cpu")  # in training order
 
 
 def test_curriculum_stages_teach_the_base_check_first():
@@ -155,3 +155,16 @@ def test_curriculum_stages_teach_the_base_check_first():
         assert after.data.task_options["joint"].get("ask_derived", True)
     seeds = [stage.data.seed for stage in stages]
     assert len(set(seeds)) == len(seeds), seeds
+
+
+def test_the_committed_curriculum_checkpoint_has_the_lineage_architecture():
+    """checkpoints/curriculum-mix (the export the lineage's next stage starts from) loads with the
+    shipped tokenizer's vocabulary and stage 1's widths, in 4 layers."""
+    from clover.model import CloverMoeForCausalLM
+
+    first = load_recipe(ROOT / "recipes" / "curriculum_check_cpu.json")
+    model = CloverMoeForCausalLM.from_pretrained(ROOT / "checkpoints" / "curriculum-mix")
+    shipped = CloverMoeForCausalLM.config_class.from_pretrained(ROOT / "clover" / "assets" / "clover-tiny")
+    assert model.config.num_hidden_layers == 4 and model.config.vocab_size == shipped.vocab_size
+    assert {k: getattr(model.config, k) for k in first.model.config if k != "rope_parameters"} == {
+        k: v for k, v in first.model.config.items() if k != "rope_parameters"}
