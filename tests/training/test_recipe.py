@@ -130,13 +130,19 @@ EMBEDDED_STAGES = ("embedded_ar", "embedded", "embedded_polish", "embedded_polis
 def test_embedded_stages_chain_on_fresh_data():
     """Every embedded recipe is a stage of one chain: each starts from the export of the stage
     before and draws its examples with a data seed no other stage used."""
-    assert {p.stem for p in (ROOT / "recipes").glob("embedded*.json")} == set(EMBEDDED_STAGES)
-    stages = [load_recipe(ROOT / "recipes" / f"{name}.json") for name in EMBEDDED_STAGES]
-    assert stages[0].model.init is None
+    assert chained_stages("embedded", EMBEDDED_STAGES)[0].model.init is None
+
+
+def chained_stages(prefix: str, names: tuple[str, ...]) -> list:
+    """The recipes named `names` (all of recipes/PREFIX*.json), after checking that each starts from
+    the export of the one before and draws its examples with a data seed of its own."""
+    assert {p.stem for p in (ROOT / "recipes").glob(f"{prefix}*.json")} == set(names)
+    stages = [load_recipe(ROOT / "recipes" / f"{name}.json") for name in names]
     for before, after in zip(stages, stages[1:]):
         assert after.model.init == f"{before.output_dir}/final", after.name
     seeds = [stage.data.seed for stage in stages]
     assert len(set(seeds)) == len(seeds), seeds
+    return stages
 
 
 CURRICULUM_STAGES = ("curriculum_check_cpu", "curriculum_joint_cpu", "curriculum_mix_cpu")  # in training order
@@ -145,16 +151,10 @@ CURRICULUM_STAGES = ("curriculum_check_cpu", "curriculum_joint_cpu", "curriculum
 def test_curriculum_stages_teach_the_base_check_first():
     """The second lineage starts fresh on `joint`'s base questions alone (AR loss), then each stage
     starts from the export of the one before, on examples drawn with a data seed of its own."""
-    assert {p.stem for p in (ROOT / "recipes").glob("curriculum*.json")} == set(CURRICULUM_STAGES)
-    stages = [load_recipe(ROOT / "recipes" / f"{name}.json") for name in CURRICULUM_STAGES]
-    first = stages[0]
+    first, *later = chained_stages("curriculum", CURRICULUM_STAGES)
     assert first.model.init is None and first.train.alpha == 0
     assert first.data.tasks == ("joint",) and first.data.task_options["joint"]["ask_derived"] is False
-    for before, after in zip(stages, stages[1:]):
-        assert after.model.init == f"{before.output_dir}/final", after.name
-        assert after.data.task_options["joint"].get("ask_derived", True)
-    seeds = [stage.data.seed for stage in stages]
-    assert len(set(seeds)) == len(seeds), seeds
+    assert all(stage.data.task_options["joint"].get("ask_derived", True) for stage in later)
 
 
 def test_the_committed_curriculum_checkpoint_has_the_lineage_architecture():
