@@ -47,8 +47,8 @@ lookup copies the value that follows the condition in the line just written, and
 when every looked-up value is; no step has to notice that a word is missing from a line.
 
 With ``ask_derived=False`` (a training option; derived properties are asked by default) every question
-asks a base property:
-the rules are still given, but no line needs them, so each answer is one check of the fact line.
+asks a base property: the rules are still given, but no line needs them, so each answer is one check
+of the fact line.
 
 With ``balanced`` (a training option, off by default) each question is drawn so that its answer
 is yes or no with equal odds, whatever the pilot's fact line holds. Drawn uniformly, a base property
