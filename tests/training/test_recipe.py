@@ -145,16 +145,36 @@ def chained_stages(prefix: str, names: tuple[str, ...]) -> list:
     return stages
 
 
-CURRICULUM_STAGES = ("curriculum_check_cpu", "curriculum_joint_cpu", "curriculum_mix_cpu")  # in training order
+# The second lineage is a tree: each recipe, and the recipe whose export it starts from (None: fresh).
+CURRICULUM_PARENTS = {
+    "curriculum_check_cpu": None,
+    "curriculum_joint_cpu": "curriculum_check_cpu",
+    "curriculum_mix_cpu": "curriculum_joint_cpu",
+    "curriculum_more_cpu": "curriculum_mix_cpu",
+    "curriculum_block_cpu": "curriculum_mix_cpu",
+    "curriculum_copy_cpu": "curriculum_more_cpu",
+    "curriculum_pilot_cpu": "curriculum_more_cpu",
+}
+# Exports committed so that a later session starts from them instead of rerunning the stages before.
+COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix"}
 
 
 def test_curriculum_stages_teach_the_base_check_first():
-    """The second lineage starts fresh on `joint`'s base questions alone (AR loss), then each stage
-    starts from the export of the one before, on examples drawn with a data seed of its own."""
-    first, *later = chained_stages("curriculum", CURRICULUM_STAGES)
-    assert first.model.init is None and first.train.alpha == 0
-    assert first.data.tasks == ("joint",) and first.data.task_options["joint"]["ask_derived"] is False
-    assert all(stage.data.task_options["joint"].get("ask_derived", True) for stage in later)
+    """The second lineage starts fresh on `joint`'s base questions alone (AR loss); every later
+    stage starts from the export of its parent stage (the run's, or the committed copy of it) and
+    draws its examples with a data seed no other stage used."""
+    assert {p.stem for p in (ROOT / "recipes").glob("curriculum*.json")} == set(CURRICULUM_PARENTS)
+    stages = {name: load_recipe(ROOT / "recipes" / f"{name}.json") for name in CURRICULUM_PARENTS}
+    for name, parent in CURRICULUM_PARENTS.items():
+        exports = () if parent is None else (f"{stages[parent].output_dir}/final", COMMITTED_EXPORTS.get(parent))
+        assert stages[name].model.init in (exports or (None,)), name
+    seeds = [stage.data.seed for stage in stages.values()]
+    assert len(set(seeds)) == len(seeds), seeds
+    first = stages["curriculum_check_cpu"]
+    assert first.train.alpha == 0 and first.data.tasks == ("joint",)
+    assert first.data.task_options["joint"]["ask_derived"] is False
+    assert all(stage.data.task_options["joint"].get("ask_derived", True)
+               for stage in stages.values() if stage is not first and "joint" in stage.data.tasks)
 
 
 def test_the_committed_curriculum_checkpoint_has_the_lineage_architecture():
