@@ -154,9 +154,12 @@ CURRICULUM_PARENTS = {
     "curriculum_block_cpu": "curriculum_mix_cpu",
     "curriculum_copy_cpu": "curriculum_more_cpu",
     "curriculum_pilot_cpu": "curriculum_more_cpu",
+    "curriculum_recover_cpu": "curriculum_pilot_cpu",
+    "curriculum_copy_block_cpu": "curriculum_copy_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
-COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix"}
+COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
+                     "curriculum_copy_cpu": "checkpoints/curriculum-copy"}
 
 
 def test_curriculum_stages_teach_the_base_check_first():
@@ -177,13 +180,14 @@ def test_curriculum_stages_teach_the_base_check_first():
                for stage in stages.values() if stage is not first and "joint" in stage.data.tasks)
 
 
-def test_the_committed_curriculum_checkpoint_has_the_lineage_architecture():
-    """checkpoints/curriculum-mix (the export the lineage's next stage starts from) loads with the
-    shipped tokenizer's vocabulary and stage 1's widths, in 4 layers."""
+@pytest.mark.parametrize("export", sorted(COMMITTED_EXPORTS.values()))
+def test_the_committed_curriculum_checkpoints_have_the_lineage_architecture(export):
+    """Each committed export (where a later stage of the lineage starts) loads with the shipped
+    tokenizer's vocabulary and stage 1's widths, in 4 layers."""
     from clover.model import CloverMoeForCausalLM
 
     first = load_recipe(ROOT / "recipes" / "curriculum_check_cpu.json")
-    model = CloverMoeForCausalLM.from_pretrained(ROOT / "checkpoints" / "curriculum-mix")
+    model = CloverMoeForCausalLM.from_pretrained(ROOT / export)
     shipped = CloverMoeForCausalLM.config_class.from_pretrained(ROOT / "clover" / "assets" / "clover-tiny")
     assert model.config.num_hidden_layers == 4 and model.config.vocab_size == shipped.vocab_size
     assert {k: getattr(model.config, k) for k in first.model.config if k != "rope_parameters"} == {
