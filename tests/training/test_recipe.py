@@ -159,7 +159,8 @@ CURRICULUM_PARENTS = {
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
-                     "curriculum_copy_cpu": "checkpoints/curriculum-copy"}
+                     "curriculum_copy_cpu": "checkpoints/curriculum-copy",
+                     "curriculum_copy_block_cpu": "checkpoints/curriculum-copy-block"}
 
 
 def test_curriculum_stages_teach_the_base_check_first():
