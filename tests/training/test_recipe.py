@@ -130,17 +130,23 @@ EMBEDDED_STAGES = ("embedded_ar", "embedded", "embedded_polish", "embedded_polis
 def test_embedded_stages_chain_on_fresh_data():
     """Every embedded recipe is a stage of one chain: each starts from the export of the stage
     before and draws its examples with a data seed no other stage used."""
-    assert chained_stages("embedded", EMBEDDED_STAGES)[0].model.init is None
+    parents = dict(zip(EMBEDDED_STAGES, (None, *EMBEDDED_STAGES[:-1])))
+    assert staged_recipes("embedded", parents)[EMBEDDED_STAGES[0]].model.init is None
 
 
-def chained_stages(prefix: str, names: tuple[str, ...]) -> list:
-    """The recipes named `names` (all of recipes/PREFIX*.json), after checking that each starts from
-    the export of the one before and draws its examples with a data seed of its own."""
-    assert {p.stem for p in (ROOT / "recipes").glob(f"{prefix}*.json")} == set(names)
-    stages = [load_recipe(ROOT / "recipes" / f"{name}.json") for name in names]
-    for before, after in zip(stages, stages[1:]):
-        assert after.model.init == f"{before.output_dir}/final", after.name
-    seeds = [stage.data.seed for stage in stages]
+def staged_recipes(prefix: str, parents: dict[str, str | None], committed: dict[str, str] | None = None) -> dict:
+    """The recipes named in `parents` (all of recipes/PREFIX*.json) by name, after checking that each
+    starts fresh (parent None) or from its parent's export (the run's, or the copy `committed` names)
+    and draws its examples with a data seed of its own."""
+    assert {p.stem for p in (ROOT / "recipes").glob(f"{prefix}*.json")} == set(parents)
+    stages = {name: load_recipe(ROOT / "recipes" / f"{name}.json") for name in parents}
+    for name, parent in parents.items():
+        if parent is None:
+            assert stages[name].model.init is None, name
+            continue
+        run_export = f"{stages[parent].output_dir}/final"
+        assert stages[name].model.init in (run_export, (committed or {}).get(parent, run_export)), name
+    seeds = [stage.data.seed for stage in stages.values()]
     assert len(set(seeds)) == len(seeds), seeds
     return stages
 
@@ -167,16 +173,7 @@ def test_curriculum_stages_teach_the_base_check_first():
     """The second lineage starts fresh on `joint`'s base questions alone (AR loss); every later
     stage starts from the export of its parent stage (the run's, or the committed copy of it) and
     draws its examples with a data seed no other stage used."""
-    assert {p.stem for p in (ROOT / "recipes").glob("curriculum*.json")} == set(CURRICULUM_PARENTS)
-    stages = {name: load_recipe(ROOT / "recipes" / f"{name}.json") for name in CURRICULUM_PARENTS}
-    for name, parent in CURRICULUM_PARENTS.items():
-        if parent is None:
-            assert stages[name].model.init is None, name
-            continue
-        run_export = f"{stages[parent].output_dir}/final"
-        assert stages[name].model.init in (run_export, COMMITTED_EXPORTS.get(parent, run_export)), name
-    seeds = [stage.data.seed for stage in stages.values()]
-    assert len(set(seeds)) == len(seeds), seeds
+    stages = staged_recipes("curriculum", CURRICULUM_PARENTS, COMMITTED_EXPORTS)
     first = stages["curriculum_check_cpu"]
     assert first.train.alpha == 0 and first.data.tasks == ("joint",)
     assert first.data.task_options["joint"]["ask_derived"] is False
