@@ -31,6 +31,8 @@ def register(sub) -> None:
                    help="prompts decoded together (default 1: batch-1 latency, what the speed-up is "
                         "quoted at); more is faster for accuracy, and the speed is then the batch's")
     p.add_argument("--no-ar", action="store_true", help="skip the AR baseline")
+    p.add_argument("--no-block-diffusion", action="store_true",
+                   help="skip block diffusion (AR only, e.g. for a stage trained with the AR loss alone)")
     p.add_argument("--self-spec", action="store_true",
                    help="also decode with lossless self-speculative decoding (its text must equal AR's)")
     p.add_argument("--field-loss", action="store_true",
@@ -52,6 +54,8 @@ def run(args) -> int:
         if args.threads <= 0:
             raise ValueError(f"--threads={args.threads} must be positive")
         torch.set_num_threads(args.threads)
+    if args.no_ar and args.no_block_diffusion and not args.self_spec:
+        raise UserError("--no-ar with --no-block-diffusion leaves no mode to decode; add --self-spec or drop one")
     if args.batch_size <= 0:
         raise ValueError(f"--batch-size={args.batch_size} must be positive")
     if len(set(args.seed)) != len(args.seed):
@@ -71,6 +75,7 @@ def run(args) -> int:
     report = evaluate(model, tokenizer, examples, model_name=name, task=args.task,
                       threshold=args.threshold, block_size=args.block_size,
                       max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar,
+                      with_diffusion=not args.no_block_diffusion,
                       enable_thinking=args.thinking, with_self_spec=args.self_spec, batch_size=args.batch_size)
     print(f"seeds {' '.join(map(str, args.seed))}: {args.limit} prompts per task each")
     if options:

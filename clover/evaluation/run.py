@@ -92,7 +92,7 @@ class EvalReport:
     threshold: float
     block_size: int
     threads: int
-    diffusion: DecodeSummary
+    diffusion: DecodeSummary | None  # None: AR only (`with_diffusion=False`)
     ar: DecodeSummary | None
     self_spec: DecodeSummary | None = None
     thinking: bool | None = None  # whether the prompts were in thinking mode (None: no prompts)
@@ -110,7 +110,7 @@ class EvalReport:
         """Block diffusion against AR on the same prompts: (prompts only block diffusion gets right,
         prompts only AR gets right, the standard error of the accuracy difference). The
         difference is (first − second) / n; only these discordant prompts carry it."""
-        if self.ar is None:
+        if self.ar is None or self.diffusion is None:
             return None
         pairs = list(zip(self.diffusion.outcomes, self.ar.outcomes))
         n = max(len(pairs), 1)
@@ -119,23 +119,31 @@ class EvalReport:
         variance = (only_d + only_a - (only_d - only_a) ** 2 / n) / n ** 2
         return only_d, only_a, max(variance, 0.0) ** 0.5
 
+    @property
+    def summaries(self) -> list[DecodeSummary]:
+        """The modes decoded, in report order."""
+        return [s for s in (self.diffusion, self.ar, self.self_spec) if s is not None]
+
     def to_json(self) -> dict:
+        """Block diffusion's figures unprefixed (`accuracy`, ...), AR's and self-spec's prefixed."""
         d = self.diffusion
         out = {
-            "model": self.model, "task": self.task, "n": d.n, "threads": self.threads, "thinking": self.thinking,
-            "batch_size": self.batch_size,
+            "model": self.model, "task": self.task, "n": self.summaries[0].n, "threads": self.threads,
+            "thinking": self.thinking, "batch_size": self.batch_size,
             "threshold": self.threshold, "block_size": self.block_size,
-            "accuracy": d.accuracy, "tokens_per_forward": d.tokens_per_forward,
-            "tokens_per_second": d.tokens_per_second,
-            "per_task_accuracy": d.task_accuracy(), "per_field_accuracy": d.field_accuracy(),
         }
+        if d is not None:
+            out |= {"accuracy": d.accuracy, "tokens_per_forward": d.tokens_per_forward,
+                    "tokens_per_second": d.tokens_per_second,
+                    "per_task_accuracy": d.task_accuracy(), "per_field_accuracy": d.field_accuracy()}
         if self.ar is not None:
             out |= {"ar_accuracy": self.ar.accuracy, "ar_tokens_per_second": self.ar.tokens_per_second,
                     "ar_per_task_accuracy": self.ar.task_accuracy(),
-                    "ar_per_field_accuracy": self.ar.field_accuracy(),
-                    "speedup_vs_ar": d.speedup_over(self.ar)}
+                    "ar_per_field_accuracy": self.ar.field_accuracy()}
+        if self.paired_with_ar is not None:
             only_d, only_a, se = self.paired_with_ar
-            out |= {"only_diffusion_correct": only_d, "only_ar_correct": only_a, "paired_difference_se": se}
+            out |= {"speedup_vs_ar": d.speedup_over(self.ar),
+                    "only_diffusion_correct": only_d, "only_ar_correct": only_a, "paired_difference_se": se}
         if self.self_spec is not None:
             s = self.self_spec
             out |= {"self_spec_accuracy": s.accuracy, "self_spec_tokens_per_forward": s.tokens_per_forward,
@@ -203,15 +211,20 @@ def decode_all(model, tokenizer, examples: Sequence[Example], modes: dict[str, d
 def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str = "", task: str = "all",
              threshold: float | None = None, block_size: int | None = None, max_new_tokens: int = 512,
              with_ar: bool = True, enable_thinking: bool | None = None,
-             show_progress: bool = True, with_self_spec: bool = False, batch_size: int = 1) -> EvalReport:
-    """Decode every example with block diffusion and (optionally) AR and self-speculative decoding
-    (drafts of `block_size`), interleaved, `batch_size` prompts per call; score each. `threshold` /
-    `block_size` default to the checkpoint's generation config."""
+             show_progress: bool = True, with_self_spec: bool = False, batch_size: int = 1,
+             with_diffusion: bool = True) -> EvalReport:
+    """Decode every example with block diffusion, AR and self-speculative decoding (drafts of
+    `block_size`), each optional, interleaved, `batch_size` prompts per call; score each.
+    `threshold` / `block_size` default to the checkpoint's generation config."""
+    if not (with_diffusion or with_ar or with_self_spec):
+        raise ValueError("with_diffusion, with_ar and with_self_spec are all False: no mode to decode")
     gen = model.generation_config
     threshold = getattr(gen, "threshold", 0.95) if threshold is None else threshold
     block_size = getattr(gen, "block_size", 32) if block_size is None else block_size
-    modes = {"block_diffusion": {"max_new_tokens": max_new_tokens, "block_size": block_size,
-                                 "threshold": threshold}}
+    modes = {}
+    if with_diffusion:
+        modes["block_diffusion"] = {"max_new_tokens": max_new_tokens, "block_size": block_size,
+                                    "threshold": threshold}
     if with_ar:
         modes["ar"] = {"max_new_tokens": max_new_tokens}
     if with_self_spec:
@@ -222,43 +235,46 @@ def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str =
     def progress(summaries, done):
         bar.update(done)
         bar.set_postfix({f"{m[:2]}_acc": f"{s.accuracy:.2f}" for m, s in summaries.items() if m != "self_spec"}
-                        | {"tok/fwd": f"{summaries['block_diffusion'].tokens_per_forward:.1f}"})
+                        | {f"{m[:2]}_tok/fwd": f"{s.tokens_per_forward:.1f}" for m, s in summaries.items()
+                           if m != "ar"})
 
     results = decode_all(model, tokenizer, examples, modes, enable_thinking, progress, batch_size)
     bar.close()
     thinking = format_chat(tokenizer, examples[0], enable_thinking).answer.startswith("<think>") if examples else None
     return EvalReport(model_name, task, threshold, block_size, torch.get_num_threads(),
-                      results["block_diffusion"], results.get("ar"), results.get("self_spec"), thinking,
+                      results.get("block_diffusion"), results.get("ar"), results.get("self_spec"), thinking,
                       batch_size)
 
 
 def report_lines(report: EvalReport) -> list[str]:
     d, a = report.diffusion, report.ar
-    lines = [f"model {report.model}  task {report.task}  n={d.n}  block {report.block_size}  "
+    summaries = report.summaries
+    lines = [f"model {report.model}  task {report.task}  n={summaries[0].n}  block {report.block_size}  "
              f"threshold {report.threshold}  thinking {'on' if report.thinking else 'off'}  "
              f"threads {report.threads}  " + ("(modes interleaved per prompt)" if report.batch_size == 1 else
                                               f"batch {report.batch_size}  (modes interleaved per batch)")]
     lines.append(f"{'mode':<16}{'accuracy':>9}{'tok/fwd':>9}{'tok/s':>9}")
-    for s in (d, a, report.self_spec):
-        if s is not None:
-            lines.append(f"{s.mode:<16}{s.accuracy:>9.3f}{s.tokens_per_forward:>9.2f}{s.tokens_per_second:>9.1f}")
-    if a is not None:
+    for s in summaries:
+        lines.append(f"{s.mode:<16}{s.accuracy:>9.3f}{s.tokens_per_forward:>9.2f}{s.tokens_per_second:>9.1f}")
+    if report.paired_with_ar is not None:
         lines.append(f"block diffusion / AR tokens/s: {d.speedup_over(a):.2f}x")
         only_d, only_a, se = report.paired_with_ar
         lines.append(f"block diffusion - AR accuracy: {d.accuracy - a.accuracy:+.3f} (standard error {se:.3f}): "
                      f"right where AR is wrong on {only_d}, wrong where AR is right on {only_a} prompts")
-        if report.self_spec is not None:
-            s = report.self_spec
-            lines.append(f"self-spec / AR tokens/s: {s.speedup_over(a):.2f}x; "
-                         f"text equal to AR's on {report.self_spec_same_as_ar}/{s.n} prompts")
-    lines.append(f"{'task / field':<22}{'diffusion':>10}" + (f"{'AR':>10}" if a else ""))
-    for t, (c, n) in sorted(d.per_task.items()):
-        ar_col = f"{a.task_accuracy()[t]:>10.3f}" if a else ""
-        lines.append(f"  {t:<20}{c / n:>10.3f}{ar_col}   ({c}/{n})")
-        for f, (r, total) in d.per_field.get(t, {}).items():
-            ar_col = ""
-            if a:
-                ar_r, ar_n = a.per_field.get(t, {}).get(f, (0, 0))
-                ar_col = f"{ar_r / ar_n:>10.3f}" if ar_n else f"{'-':>10}"
-            lines.append(f"    .{f:<17}{r / total:>10.3f}{ar_col}")
+    if report.self_spec is not None and a is not None:
+        s = report.self_spec
+        lines.append(f"self-spec / AR tokens/s: {s.speedup_over(a):.2f}x; "
+                     f"text equal to AR's on {report.self_spec_same_as_ar}/{s.n} prompts")
+    scored = [s for s in (d, a) if s is not None] or summaries  # the table's columns
+    titles = {"block_diffusion": "diffusion", "ar": "AR", "self_spec": "self-spec"}
+    lines.append(f"{'task / field':<22}" + "".join(f"{titles[s.mode]:>10}" for s in scored))
+    first = scored[0]
+    for t, (c, n) in sorted(first.per_task.items()):
+        lines.append(f"  {t:<20}" + "".join(f"{s.task_accuracy()[t]:>10.3f}" for s in scored) + f"   ({c}/{n})")
+        for f in first.per_field.get(t, {}):
+            cells = []
+            for s in scored:
+                right, total = s.per_field.get(t, {}).get(f, (0, 0))
+                cells.append(f"{right / total:>10.3f}" if total else f"{'-':>10}")
+            lines.append(f"    .{f:<17}" + "".join(cells))
     return lines

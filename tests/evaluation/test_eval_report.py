@@ -28,6 +28,34 @@ def test_evaluate_counts_both_modes(model, tokenizer):
     assert any("block diffusion / AR" in line for line in report_lines(report))
 
 
+def test_ar_only_eval_decodes_ar_alone(model, tokenizer, tmp_path, capsys):
+    """`with_diffusion=False` (`--no-block-diffusion`) decodes AR alone, with the texts AR writes
+    beside block diffusion; the report and its JSON hold AR's figures only. Dropping every mode is
+    refused."""
+    from clover.cli.main import main
+
+    examples = eval_examples(1, seed=0, tasks=[get_task("joint"), get_task("record")])
+    both = evaluate(model, tokenizer, examples, max_new_tokens=8, block_size=8, show_progress=False)
+    alone = evaluate(model, tokenizer, examples, max_new_tokens=8, block_size=8, show_progress=False,
+                     with_diffusion=False)
+    assert alone.diffusion is None and alone.ar.texts == both.ar.texts and alone.paired_with_ar is None
+    out = alone.to_json()
+    assert out["n"] == 2 and out["ar_accuracy"] == both.ar.accuracy and "accuracy" not in out
+    lines = report_lines(alone)
+    assert not any(line.startswith("block_diffusion") for line in lines)
+    assert lines[2].startswith("ar ") and lines[3].split() == ["task", "/", "field", "AR"]
+    with pytest.raises(ValueError, match="no mode to decode"):
+        evaluate(model, tokenizer, examples, with_diffusion=False, with_ar=False, show_progress=False)
+    model.save_pretrained(tmp_path / "m")
+    save_tokenizer(tokenizer, tmp_path / "m")
+    args = ["eval", "--model", str(tmp_path / "m"), "--task", "record", "--limit", "1", "--max-new-tokens", "4",
+            "--no-block-diffusion", "--json"]
+    assert main(args) == 0
+    assert "ar_accuracy" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(args + ["--no-ar"]) == 2
+    assert "leaves no mode to decode" in capsys.readouterr().err
+
+
 def test_self_spec_writes_ar_text_on_every_prompt(model, tokenizer):
     """C6 through `clover eval`: self-speculative decoding's outputs equal AR's, prompt by prompt,
     and the report says so; a changed output would be counted."""

@@ -162,6 +162,8 @@ CURRICULUM_PARENTS = {
     "curriculum_pilot_cpu": "curriculum_more_cpu",
     "curriculum_recover_cpu": "curriculum_pilot_cpu",
     "curriculum_copy_block_cpu": "curriculum_copy_cpu",
+    "curriculum_copy_block2_cpu": "curriculum_copy_block_cpu",
+    "curriculum_block_heavy_cpu": "curriculum_copy_block_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
