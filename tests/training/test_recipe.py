@@ -164,11 +164,14 @@ CURRICULUM_PARENTS = {
     "curriculum_copy_block_cpu": "curriculum_copy_cpu",
     "curriculum_copy_block2_cpu": "curriculum_copy_block_cpu",
     "curriculum_block_heavy_cpu": "curriculum_copy_block_cpu",
+    "curriculum_block_heavy2_cpu": "curriculum_block_heavy_cpu",
+    "curriculum_anneal_cpu": "curriculum_block_heavy_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
                      "curriculum_copy_cpu": "checkpoints/curriculum-copy",
-                     "curriculum_copy_block_cpu": "checkpoints/curriculum-copy-block"}
+                     "curriculum_copy_block_cpu": "checkpoints/curriculum-copy-block",
+                     "curriculum_block_heavy_cpu": "checkpoints/curriculum-block-heavy"}
 
 
 def test_curriculum_stages_teach_the_base_check_first():
