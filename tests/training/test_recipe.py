@@ -168,6 +168,8 @@ CURRICULUM_PARENTS = {
     "curriculum_anneal_cpu": "curriculum_block_heavy_cpu",
     "curriculum_anneal_long_cpu": "curriculum_block_heavy2_cpu",
     "curriculum_anneal2_cpu": "curriculum_anneal_cpu",
+    "curriculum_low_levels_cpu": "curriculum_anneal2_cpu",
+    "curriculum_polish_cpu": "curriculum_anneal2_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
