@@ -21,6 +21,9 @@ def register(sub) -> None:
                    help="confidence threshold (default: the checkpoint's generation config)")
     p.add_argument("--block-size", type=int, default=None,
                    help="block size (default: the checkpoint's generation config)")
+    p.add_argument("--fallback", default=None, metavar="{confidence,causal}",
+                   help="block diffusion when no masked position passes the threshold: fill the most "
+                        "confident one, or ask the causal mode (default: the checkpoint's generation config)")
     p.add_argument("--max-new-tokens", type=int, default=512)
     thinking = p.add_mutually_exclusive_group()
     thinking.add_argument("--thinking", dest="thinking", action="store_true", default=None,
@@ -76,7 +79,8 @@ def run(args) -> int:
                       threshold=args.threshold, block_size=args.block_size,
                       max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar,
                       with_diffusion=not args.no_block_diffusion,
-                      enable_thinking=args.thinking, with_self_spec=args.self_spec, batch_size=args.batch_size)
+                      enable_thinking=args.thinking, with_self_spec=args.self_spec, batch_size=args.batch_size,
+                      fallback=args.fallback)
     print(f"seeds {' '.join(map(str, args.seed))}: {args.limit} prompts per task each")
     if options:
         print(f"task options: {json.dumps(options)}")

@@ -30,6 +30,9 @@ def register(sub) -> None:
                    help="start the assistant turn with an empty think block (with --chat)")
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--threshold", type=float, default=None)
+    p.add_argument("--fallback", default=None, metavar="{confidence,causal}",
+                   help="block diffusion when no masked position passes the threshold: fill the most "
+                        "confident one, or ask the causal mode (default: the checkpoint's generation config)")
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-p", type=float, default=None)
@@ -101,7 +104,8 @@ def special_ids(model, tokenizer) -> dict:
 
 def decode_settings(args) -> dict:
     settings = dict(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
-                    threshold=args.threshold, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+                    threshold=args.threshold, fallback=args.fallback, top_p=args.top_p, top_k=args.top_k,
+                    seed=args.seed)
     if args.temperature == 0:
         settings["do_sample"] = False
     elif args.temperature is not None or args.top_p is not None or args.top_k is not None:

@@ -181,11 +181,12 @@ def prompt_piece_end(done: int, total: int, chunk: int) -> int:
 
 def prefill(model, batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tensor, cfg,
             log: RunLog, tail: torch.Tensor | None = None, tail_block_len: int = 0,
-            last_is_prefill: bool = True) -> torch.Tensor:
+            last_is_prefill: bool = True, logits_to_keep: int | None = None) -> torch.Tensor:
     """Causal prefill in chunks of `cfg.prefill_chunk_size` tokens, so attention never sees more
     than chunk × total positions at once. `tail` (e.g. the first block of masks) is appended to the
     last chunk's forward with `tail_block_len`; returns the logits of the last forward's last
-    `max(1, tail_block_len)` positions. A forward counts as a prefill forward unless it also
+    `logits_to_keep` (default `max(1, tail_block_len)`) positions. A forward counts as a prefill
+    forward unless it also
     produces tokens (a fused tail, or `last_is_prefill=False` when its last logit is used)."""
     total, done = input_ids.shape[1], 0
     while (end := prompt_piece_end(done, total, cfg.prefill_chunk_size)) < total:
@@ -196,5 +197,6 @@ def prefill(model, batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: tor
     if tail is not None:
         last = torch.cat((last, tail), dim=1)
         last_mask = torch.cat((last_mask, torch.ones_like(tail)), dim=1)
-    return forward(model, batch, last, tail_block_len, max(1, tail_block_len), cfg, log,
+    keep = max(1, tail_block_len) if logits_to_keep is None else logits_to_keep
+    return forward(model, batch, last, tail_block_len, keep, cfg, log,
                    prefill=tail is None and last_is_prefill, input_mask=last_mask)

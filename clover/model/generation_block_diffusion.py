@@ -17,13 +17,16 @@ from typing import NamedTuple
 import torch
 
 from .generation_batch import BlockEvent, DecodeBatch, DoneEvent, RunLog, StepEvent, forward, prefill, start_batch
-from .generation_sampling import (ControlContext, apply_processors, commit_run, last_marker_state,
-                                  predict_with_confidence, slot_think_open, think_markers, token_counts)
+from .generation_causal_fallback import causal_fallback
+from .generation_sampling import (apply_processors, commit_run, control_context, last_marker_state,
+                                  predict_with_confidence, think_markers, token_counts)
 
 class DenoiseResult(NamedTuple):
     block: torch.Tensor  # [A, B] after the step; mask id where still masked
     filled: torch.Tensor  # [A, B] bool: positions this step filled
     confidence: torch.Tensor  # [A, B] each candidate position's confidence at this step (-1 elsewhere)
+    guesses: torch.Tensor  # [A, B] the step's block with every position it read filled by its prediction
+    fallback: torch.Tensor  # [A] bool: no position passed the threshold, the most confident one was filled
 
 
 @dataclass
@@ -31,20 +34,6 @@ class BlockStatus:
     done: torch.Tensor  # [A] bool: the block needs no more steps
     has_eos: torch.Tensor  # [A] bool: it ends the response with an EOS
     length: torch.Tensor  # [A] long: response tokens it contributes
-
-
-def control_context(batch: DecodeBatch, block: torch.Tensor, masked: torch.Tensor, start: int,
-                    cfg, columns: torch.Tensor) -> ControlContext:
-    """History = committed tokens + the block's filled positions; slots sit at response positions
-    start + `columns` [K]."""
-    filled = ~masked
-    counts = batch.counts + token_counts(block.masked_fill(masked, 0), filled, batch.counts.shape[1])
-    think_open = None
-    if batch.think_open is not None:
-        markers = think_markers(block, filled, cfg.think_start_token_id, cfg.think_end_token_id)
-        think_open = slot_think_open(markers, batch.think_open)[:, columns]
-    return ControlContext(counts, start + columns, think_open, start + block.shape[1] - 1,
-                          rows=batch.rows)
 
 
 def denoise_columns(block: torch.Tensor, limit: int, mask_id: int) -> torch.Tensor:
@@ -84,10 +73,13 @@ def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, 
     filled[:, columns] = fill
     scores = torch.full(block.shape, -1.0, device=block.device)
     scores[:, columns] = confidence
+    guesses = block.clone()
+    guesses[:, columns] = torch.where(masked[:, columns], tokens, sub_block)
     if constraints is not None:
         constrain_rows(logits, block, new_block, filled, batch, limit, cfg, mask_id, generator,
                        columns.tolist(), constraints)
-    return DenoiseResult(new_block, filled, scores)
+        fallback = fallback & torch.tensor([constraints[row] is None for row in batch.rows], device=block.device)
+    return DenoiseResult(new_block, filled, scores, guesses, fallback)
 
 
 def constrain_rows(logits, block, new_block, filled, batch: DecodeBatch, limit: int, cfg, mask_id: int,
@@ -116,7 +108,12 @@ def block_status(block: torch.Tensor, limit: int, mask_id: int, eos: torch.Tenso
     return BlockStatus(has_eos | (first_mask >= limit), has_eos, length)
 
 
-def commit_block(model, batch: DecodeBatch, block: torch.Tensor, cfg, log: RunLog, mask_id: int):
+class BlockLogits(NamedTuple):
+    last: torch.Tensor  # [A, V] causal logits of the last committed token (they predict the block's first)
+    block: torch.Tensor  # [A, B, V] block-mode logits of the next block's masks (its first step)
+
+
+def commit_block(model, batch: DecodeBatch, block: torch.Tensor, cfg, log: RunLog, mask_id: int) -> BlockLogits:
     """Append a finished block to the cache (causal) and return the next block's first logits.
     Fused: one forward over [block, B masks] with block_len=B; unfused: two forwards (C3)."""
     size = block.shape[1]
@@ -127,19 +124,22 @@ def commit_block(model, batch: DecodeBatch, block: torch.Tensor, cfg, log: RunLo
         markers = think_markers(block, filled, cfg.think_start_token_id, cfg.think_end_token_id)
         batch.think_open = last_marker_state(markers, batch.think_open)
     if cfg.fuse_commit:
-        return forward(model, batch, torch.cat((block, masks), dim=1), size, size, cfg, log)
-    forward(model, batch, block, 0, 1, cfg, log)
-    return forward(model, batch, masks, size, size, cfg, log)
+        logits = forward(model, batch, torch.cat((block, masks), dim=1), size, size + 1, cfg, log)
+        return BlockLogits(logits[:, 0], logits[:, 1:])
+    last = forward(model, batch, block, 0, 1, cfg, log)
+    return BlockLogits(last[:, 0], forward(model, batch, masks, size, size, cfg, log))
 
 
-def first_block_logits(model, batch, input_ids, attention_mask, cfg, log, mask_id):
+def first_block_logits(model, batch, input_ids, attention_mask, cfg, log, mask_id) -> BlockLogits:
     """Prefill, then the first denoising forward (fused into the last prefill chunk by default)."""
     size = cfg.block_size
     masks = torch.full((input_ids.shape[0], size), mask_id, dtype=torch.long, device=input_ids.device)
     if cfg.fuse_commit:
-        return prefill(model, batch, input_ids, attention_mask, cfg, log, tail=masks, tail_block_len=size)
-    prefill(model, batch, input_ids, attention_mask, cfg, log)
-    return forward(model, batch, masks, size, size, cfg, log)
+        logits = prefill(model, batch, input_ids, attention_mask, cfg, log, tail=masks, tail_block_len=size,
+                         logits_to_keep=size + 1)
+        return BlockLogits(logits[:, 0], logits[:, 1:])
+    last = prefill(model, batch, input_ids, attention_mask, cfg, log)
+    return BlockLogits(last[:, 0], forward(model, batch, masks, size, size, cfg, log))
 
 
 def settle_rows(log: RunLog, batch: DecodeBatch, block, status: BlockStatus, waiting: list[bool], k: int,
@@ -175,7 +175,7 @@ def block_diffusion_steps(model, input_ids, attention_mask, cfg, processors, gen
     num_blocks = -(-cfg.max_new_tokens // size)
     log = RunLog(input_ids.shape[0], num_blocks * size, cfg.pad_id, input_ids.device)
     batch = start_batch(model, input_ids, attention_mask, cfg)
-    logits = first_block_logits(model, batch, input_ids, attention_mask, cfg, log, mask_id)
+    last_logits, logits = first_block_logits(model, batch, input_ids, attention_mask, cfg, log, mask_id)
     for k in range(num_blocks):
         start, limit = k * size, min(size, cfg.max_new_tokens - k * size)
         block = torch.full((len(batch.rows), size), mask_id, dtype=torch.long, device=input_ids.device)
@@ -186,12 +186,16 @@ def block_diffusion_steps(model, input_ids, attention_mask, cfg, processors, gen
         while True:
             step = denoise_step(logits, block, batch, start, limit, cfg, processors, mask_id, generator,
                                 columns, constraints)
-            block = step.block
-            yield StepEvent(list(batch.rows), k, block, step.filled, step.confidence)
+            if cfg.fallback == "causal" and step.fallback.any():
+                block, filled = causal_fallback(model, batch, block, step, last_logits, start, limit, cfg,
+                                                processors, log, generator)
+            else:
+                block, filled = step.block, step.filled
+            yield StepEvent(list(batch.rows), k, block, filled, step.confidence)
             status = block_status(block, limit, mask_id, eos)
             keep = yield from settle_rows(log, batch, block, status, waiting, k, start, k == num_blocks - 1)
             if len(keep) < len(batch.rows):
-                batch, block = batch.select(keep), block[keep]
+                batch, block, last_logits = batch.select(keep), block[keep], last_logits[keep]
                 waiting[:] = [waiting[i] for i in keep]
             if not batch.rows or all(waiting):
                 break
@@ -199,5 +203,5 @@ def block_diffusion_steps(model, input_ids, attention_mask, cfg, processors, gen
             logits = forward(model, batch, block, size, columns, cfg, log)
         if not batch.rows:
             break
-        logits = commit_block(model, batch, block, cfg, log, mask_id)
+        last_logits, logits = commit_block(model, batch, block, cfg, log, mask_id)
     yield DoneEvent(log.output(input_ids))

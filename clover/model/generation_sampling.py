@@ -90,6 +90,20 @@ class ControlContext:
     rows: list[int] | None = None  # original batch row of each of the N rows (user processors)
 
 
+def control_context(batch, block: torch.Tensor, masked: torch.Tensor, start: int,
+                    cfg, columns: torch.Tensor) -> ControlContext:
+    """The controls' view of `block` [A, B] of a `DecodeBatch`: history = committed tokens + the
+    block's filled positions (not `masked`); slots sit at response positions start + `columns` [K]."""
+    filled = ~masked
+    counts = batch.counts + token_counts(block.masked_fill(masked, 0), filled, batch.counts.shape[1])
+    think_open = None
+    if batch.think_open is not None:
+        markers = think_markers(block, filled, cfg.think_start_token_id, cfg.think_end_token_id)
+        think_open = slot_think_open(markers, batch.think_open)[:, columns]
+    return ControlContext(counts, start + columns, think_open, start + block.shape[1] - 1,
+                          rows=batch.rows)
+
+
 def ramp_is_zero(ctx: "ControlContext", start: int, window: int) -> bool:
     """True when the ramp is 0 at every slot (known from the host-side last position, no sync)."""
     if ctx.last_position is None:

@@ -15,6 +15,7 @@ import torch
 from clover.model.generation_autoregressive import VerifyResult, accept_draft, append_history, next_token
 from clover.model.generation_batch import DecodeBatch, start_batch
 from clover.model.generation_block_diffusion import block_status, denoise_step
+from clover.model.generation_causal_fallback import fallback_fill
 from clover.model.generation_config import DecodeConfig
 from clover.model.generation_sampling import make_logits_processors
 
@@ -82,12 +83,30 @@ class RowDecoder:
         return None if self.constraint is None else [self.constraint]
 
     def step(self, logits: torch.Tensor, block: torch.Tensor, start: int, limit: int,
-             generator: torch.Generator | None) -> torch.Tensor:
-        """logits [B, V], block [B] -> the block after one denoising step (positions < limit); with
-        a grammar, a left-to-right run (`clover.model.generation_sampling`)."""
-        new, filled, _ = denoise_step(logits[None], block[None], self.history, start, limit, self.cfg,
-                                   self.processors, self.mask_token_id, generator, constraints=self.constraints)
+             generator: torch.Generator | None):
+        """logits [B, V], block [B] -> the denoising step (a `DenoiseResult` of one row: its `block`
+        [1, B] is the block after it, positions < limit); with a grammar, a left-to-right run
+        (`clover.model.generation_sampling`). A step that `needs_check` is not final: its fill
+        comes from `check`."""
+        step = denoise_step(logits[None], block[None], self.history, start, limit, self.cfg, self.processors,
+                            self.mask_token_id, generator, constraints=self.constraints)
+        if self.recorder is not None and not self.needs_check(step):
+            self._record(step.block[0], step.filled[0])
+        return step
+
+    def needs_check(self, step) -> bool:
+        """With fallback="causal", a step that filled no position above the threshold waits for a
+        causal pass over its guesses (`clover.model.generation_causal_fallback`)."""
+        return self.cfg.fallback == "causal" and bool(step.fallback[0])
+
+    def check(self, logits: torch.Tensor, last_logits: torch.Tensor, block: torch.Tensor, step, start: int,
+              limit: int, generator: torch.Generator | None) -> torch.Tensor:
+        """The causal logits [B, V] of `step.guesses`, `last_logits` [V] of the last committed token,
+        `block` [B] before the step -> the block after it, filled by the causal mode."""
+        new, filled = fallback_fill(logits[None], last_logits[None], block[None], step, self.history, start,
+                                    limit, self.cfg, self.processors, self.mask_token_id, generator)
         if self.recorder is not None:
+            self.recorder.logits = self.recorder.logits.view(1, block.shape[0], -1)  # one row per slot there
             self._record(new[0], filled[0])
         return new[0]
 

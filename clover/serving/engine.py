@@ -20,7 +20,9 @@ Design (correctness first: greedy output never depends on the batch, SPEC C4):
       fused with their first denoising step (left padding only over empty caches: exact);
     - COMMIT   `[finished block, B masks]`   the fused commit of a finished block and the first
       denoising step of the next one (SPEC §3.3, C3);
-    - DENOISE  `[block]`                      a block-mode step; reads the cache, writes nothing.
+    - DENOISE  `[block]`                      a block-mode step; reads the cache, writes nothing;
+    - CHECK    `[the step's guesses]`          fallback="causal": the causal pass over a fallback
+      step's guesses (`clover.model.generation_causal_fallback`); nothing of it is kept.
   Groups are also split by empty-cache-or-not. With one block size and short prompts that is at
   most three forwards a step; the DENOISE group's batched cache is reused while its rows are
   unchanged and unwritten.
@@ -323,6 +325,8 @@ class Engine(CausalSteps):
             for row, seq in enumerate(seqs):
                 verdicts[row] = self._guarded(seq, self._verdict, out.logits[row])
                 appended[row] = 0 if verdicts[row] is None else self._kept(seq, verdicts[row][0])
+        if group.phase is Phase.CHECK:  # a check's causal pass only reads: the cache stays as it was
+            appended = [0] * len(seqs)
         if group.phase is not Phase.DENOISE:
             self._write_back(group, batched, inputs.pads, appended)
         for row, seq in enumerate(seqs):
@@ -365,9 +369,21 @@ class Engine(CausalSteps):
                     seq.next_prompt_phase(chunk)
 
     def _advance(self, seq: Sequence, logits: torch.Tensor) -> None:
-        """One denoising step on the row's block; commit or finish when the block is final."""
-        limit = min(seq.block_size, seq.remaining)
-        seq.block = seq.decoder.step(logits, seq.block, len(seq.generated), limit, seq.generator)
+        """One denoising step on the row's block (or the causal fill of its fallback step, CHECK);
+        commit or finish when the block is final."""
+        limit, start = min(seq.block_size, seq.remaining), len(seq.generated)
+        if seq.phase is Phase.CHECK:
+            seq.block = seq.decoder.check(logits, seq.last_logits, seq.block, seq.check, start, limit,
+                                          seq.generator)
+            seq.check = None
+        else:
+            if logits.shape[0] > seq.block_size:  # fallback="causal": the last committed token's logits first
+                seq.last_logits, logits = logits[0], logits[1:]
+            step = seq.decoder.step(logits, seq.block, start, limit, seq.generator)
+            if seq.decoder.needs_check(step):
+                seq.check, seq.phase = step, Phase.CHECK
+                return
+            seq.block = step.block[0]
         seq.phase = Phase.DENOISE
         result = seq.decoder.status(seq.block, limit)
         if result.tokens is None:

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
+from clover.model.generation_causal_fallback import FALLBACKS
 from clover.model.generation_config import MODES, DecodeConfig, chat_token_ids, resolve_config
 
 from .engine import Engine, EngineConfig
@@ -85,14 +86,20 @@ class Runtime:
 
     @classmethod
     def from_objects(cls, model, tokenizer, config: EngineConfig | None = None,
-                     metrics: ServingMetrics | None = None, mode: str | None = None) -> "Runtime":
-        """Start an engine over an in-memory model and tokenizer (tests, benchmarks). `mode`: the
-        decoding mode of requests that name none (default: the checkpoint's, block diffusion)."""
+                     metrics: ServingMetrics | None = None, mode: str | None = None,
+                     fallback: str | None = None) -> "Runtime":
+        """Start an engine over an in-memory model and tokenizer (tests, benchmarks). `mode` and
+        `fallback`: the decoding mode and block diffusion's fallback of requests that name none
+        (default: the checkpoint's, block diffusion)."""
         defaults = server_defaults(model, tokenizer)
         if mode is not None:
             if mode not in MODES:
                 raise ValueError(f"mode={mode!r} is invalid: must be one of {list(MODES)}")
             defaults = replace(defaults, mode=mode)
+        if fallback is not None:
+            if fallback not in FALLBACKS:
+                raise ValueError(f"fallback={fallback!r} is invalid: must be one of {list(FALLBACKS)}")
+            defaults = replace(defaults, fallback=fallback)
         engine = Engine(model, tokenizer, EngineConfig() if config is None else config, metrics).start()
         return cls(engine, AsyncEngine(engine), tokenizer, defaults, model.config)
 

@@ -72,6 +72,7 @@ class Phase(Enum):
     STEP = "step"
     DRAFT = "draft"
     VERIFY = "verify"
+    CHECK = "check"  # block diffusion with fallback="causal": a causal pass over a fallback step's guesses
 
 
 @dataclass
@@ -120,6 +121,8 @@ class Sequence:
     pending: list[int] = field(default_factory=list)  # response tokens the cache still lacks (next forward appends them)
     token: int | None = None  # self_spec: the known next token p that opens the next draft
     token_logprob: object = None  # self_spec: p's logprob entry when logprobs are asked for
+    check: object = None  # fallback="causal": the fallback step (`DenoiseResult`) its CHECK resolves
+    last_logits: torch.Tensor | None = None  # fallback="causal": causal logits [V] of the last committed token
     prefilled: int = 0  # prompt tokens already in the cache
     step_tokens: int = 0  # prompt tokens this step feeds (set by the scheduler; 0: sits out)
     generated: list[int] = field(default_factory=list)
@@ -186,6 +189,8 @@ class Sequence:
             return self.pending
         if self.phase is Phase.VERIFY:
             return self.block.tolist()
+        if self.phase is Phase.CHECK:
+            return self.check.guesses[0].tolist()
         return []
 
     @property
@@ -193,7 +198,7 @@ class Sequence:
         """Causal tokens this step's forward feeds (rows of a forward with caches must agree)."""
         if self.in_prompt:
             return self.step_tokens
-        if self.phase is Phase.VERIFY:
+        if self.phase in (Phase.VERIFY, Phase.CHECK):
             return self.block_size
         return 0 if self.phase is Phase.DENOISE else len(self.pending)
 
@@ -201,7 +206,7 @@ class Sequence:
     def block_len(self) -> int:
         """Block positions in this step's input (0 while feeding prompt pieces and in causal modes'
         prefill, step and verify)."""
-        if self.phase is Phase.CHUNK or self.phase in (Phase.STEP, Phase.VERIFY):
+        if self.phase is Phase.CHUNK or self.phase in (Phase.STEP, Phase.VERIFY, Phase.CHECK):
             return 0
         if self.phase is Phase.PREFILL and self.mode != "block_diffusion":
             return 0
@@ -209,8 +214,14 @@ class Sequence:
 
     @property
     def logits_to_keep(self) -> int:
-        """Logits this step reads: the block's, the draft's (verify), else the last position's."""
-        return self.block_size if self.phase is Phase.VERIFY else max(self.block_len, 1)
+        """Logits this step reads: the block's (with fallback="causal", after a prefill or a commit,
+        also the last committed token's), the draft's or guesses' (verify, check), else the last
+        position's."""
+        if self.phase in (Phase.VERIFY, Phase.CHECK):
+            return self.block_size
+        if self.phase in (Phase.PREFILL, Phase.COMMIT) and self.block_len and self.params.fallback == "causal":
+            return self.block_len + 1
+        return max(self.block_len, 1)
 
     def new_block(self, device) -> None:
         self.block = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=device)

@@ -137,6 +137,7 @@ class SamplingFields(_Request):
     block_size: int | None = Field(default=None, le=INT32_MAX)
     threshold: float | None = None
     mode: str | None = None  # "block_diffusion", "ar" or "self_spec" (SPEC §7); None: the server's default
+    fallback: str | None = None  # "confidence" or "causal" (block diffusion's fallback); None: the server's
 
     def stop_list(self) -> list[str]:
         """The stop strings; empty ones (`stop: ""`) stop nothing and are dropped."""

@@ -1,0 +1,1 @@
+../../model/generation_causal_fallback.py
