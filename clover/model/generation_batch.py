@@ -186,8 +186,8 @@ def prefill(model, batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: tor
     than chunk × total positions at once. `tail` (e.g. the first block of masks) is appended to the
     last chunk's forward with `tail_block_len`; returns the logits of the last forward's last
     `logits_to_keep` (default `max(1, tail_block_len)`) positions. A forward counts as a prefill
-    forward unless it also
-    produces tokens (a fused tail, or `last_is_prefill=False` when its last logit is used)."""
+    forward unless it also produces tokens (a fused tail, or `last_is_prefill=False` when its last
+    logit is used)."""
     total, done = input_ids.shape[1], 0
     while (end := prompt_piece_end(done, total, cfg.prefill_chunk_size)) < total:
         forward(model, batch, input_ids[:, done:end], 0, 1, cfg, log, prefill=True,
