@@ -1,5 +1,7 @@
-"""Accuracy against tokens per forward of block diffusion over confidence thresholds, with the AR
-point of the same checkpoint (embedded model by default).
+"""Accuracy against tokens per forward of block diffusion over confidence thresholds, one curve per
+fallback (`confidence`: SPEC §4's most confident position; `causal`: the causal mode's tokens,
+`clover.model.generation_causal_fallback`), with the AR point of the same checkpoint (embedded model
+by default). At threshold 1.0 every step is a fallback, so the causal curve ends on the AR point.
 
     python benchmarks/threshold_curve.py --limit 20 --png benchmarks/threshold_curve.png
 
@@ -13,6 +15,7 @@ import torch
 
 from clover.data import eval_examples
 from clover.evaluation.run import decode_all
+from clover.model.generation_causal_fallback import FALLBACKS
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import embedded_probe_parser, load_probe_model  # noqa: E402
@@ -21,19 +24,20 @@ THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
 def measure(model, tokenizer, examples, block_size: int, max_new_tokens: int):
-    """Rows (threshold or "AR", accuracy, tokens per forward, tokens/s)."""
+    """Rows (fallback or "AR", threshold or None, accuracy, tokens per forward, tokens/s)."""
     rows = []
-    for threshold in (*THRESHOLDS, "AR"):
-        if threshold == "AR":
+    runs = [(fallback, threshold) for fallback in FALLBACKS for threshold in THRESHOLDS] + [("AR", None)]
+    for fallback, threshold in runs:
+        if fallback == "AR":
             modes = {"ar": {"max_new_tokens": max_new_tokens}}
         else:
             modes = {"block_diffusion": {"max_new_tokens": max_new_tokens, "block_size": block_size,
-                                         "threshold": threshold}}
+                                         "threshold": threshold, "fallback": fallback}}
         (s,) = decode_all(model, tokenizer, examples, modes).values()
-        rows.append((threshold, s.accuracy, s.tokens_per_forward, s.tokens_per_second))
-        label = threshold if threshold == "AR" else f"{threshold:.2f}"
-        print(f"| {label} | {s.accuracy:.3f} | {s.tokens_per_forward:.2f} | {s.tokens_per_second:.1f} |",
-              flush=True)
+        rows.append((fallback, threshold, s.accuracy, s.tokens_per_forward, s.tokens_per_second))
+        label = "" if threshold is None else f"{threshold:.2f}"
+        print(f"| {fallback} | {label} | {s.accuracy:.3f} | {s.tokens_per_forward:.2f} | "
+              f"{s.tokens_per_second:.1f} |", flush=True)
     return rows
 
 
@@ -43,20 +47,22 @@ def plot(rows, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curve = [r for r in rows if r[0] != "AR"]
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    ax.plot([r[2] for r in curve], [r[1] for r in curve], "o-", color="tab:blue",
-            label="block diffusion")
-    for i, (threshold, acc, tpf, _) in enumerate(curve):  # labels alternate above / below
-        ax.annotate(f"{threshold:g}", (tpf, acc), textcoords="offset points",
-                    xytext=(0, 8 if i % 2 else -12), fontsize=8, ha="center")
-    for _, acc, tpf, _ in (r for r in rows if r[0] == "AR"):
+    for fallback, color, offset in (("confidence", "tab:blue", -12), ("causal", "tab:green", 8)):
+        curve = [r for r in rows if r[0] == fallback]
+        ax.plot([r[3] for r in curve], [r[2] for r in curve], "o-", color=color,
+                label=f"block diffusion, {fallback} fallback")
+        for _, threshold, acc, tpf, _ in curve:  # labels below the first curve, above the second
+            ax.annotate(f"{threshold:g}", (tpf, acc), textcoords="offset points", xytext=(0, offset),
+                        fontsize=7, ha="center", color=color)
+    for _, _, acc, tpf, _ in (r for r in rows if r[0] == "AR"):
         ax.plot([tpf], [acc], "*", color="tab:red", markersize=12, label="AR decoding")
+        ax.axhline(acc, color="tab:red", linestyle="--", linewidth=0.8, alpha=0.5)  # AR's accuracy
     ax.set_xlabel("tokens per forward")
     ax.set_ylabel("exact-match accuracy")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left")
+    ax.legend(loc="lower left", fontsize=8)
     ax.set_title("Accuracy vs tokens per forward (point labels: threshold)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -72,7 +78,7 @@ def main() -> None:
     examples = eval_examples(args.limit, seed=args.seed)
     print(f"model {path}, {len(examples)} prompts, block {args.block_size}, greedy, "
           f"{torch.get_num_threads()} thread(s)\n")
-    print("| threshold | accuracy | tokens/forward | tokens/s |\n|---|---|---|---|")
+    print("| fallback | threshold | accuracy | tokens/forward | tokens/s |\n|---|---|---|---|---|")
     with torch.inference_mode():
         rows = measure(model, tokenizer, examples, args.block_size, args.max_new_tokens)
     if args.png:
