@@ -43,6 +43,18 @@ def request_settings(model, tok, **overrides):
     return request_config(server_defaults(model, tok), overrides, model.config.vocab_size)
 
 
+def generate_like(model, ids: list[int], cfg) -> list[int]:
+    """`model.generate` of one prompt with a request's settings `cfg` (those the engine's greedy
+    decoding reads), cut after the first EOS as the engine stops."""
+    out = model.generate(torch.tensor([ids]), max_new_tokens=cfg.max_new_tokens, block_size=cfg.block_size,
+                         threshold=cfg.threshold, fallback=cfg.fallback, mode=cfg.mode,
+                         eos_token_id=list(cfg.eos_token_id), think_start_token_id=cfg.think_start_token_id,
+                         think_end_token_id=cfg.think_end_token_id)
+    tokens = out[0, len(ids):].tolist()
+    eos = [i for i, t in enumerate(tokens) if t in cfg.eos_token_id]
+    return tokens[:eos[0] + 1] if eos else tokens
+
+
 def drive(engine, requests: list[tuple[str, list[int], object]], at_step: dict[str, int] | None = None
           ) -> dict[str, list]:
     """Submit each (id, prompt ids, settings) before engine step `at_step[id]` (default 0), step the

@@ -8,7 +8,7 @@ import torch
 from clover.serving.engine import Engine, EngineConfig
 from clover.serving.scheduler import EngineRequest, SchedulerConfig
 
-from serve_fixtures import drive, new_tokens, request_settings
+from serve_fixtures import drive, generate_like, new_tokens, request_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -20,16 +20,6 @@ def engine_of(model, tok, pool: bool) -> Engine:
     return Engine(model, tok, EngineConfig(scheduler, cache_pool=pool))
 
 
-def generate(model, ids: list[int], cfg) -> list[int]:
-    out = model.generate(torch.tensor([ids]), max_new_tokens=cfg.max_new_tokens, block_size=cfg.block_size,
-                         threshold=cfg.threshold, fallback=cfg.fallback, mode=cfg.mode,
-                         eos_token_id=list(cfg.eos_token_id), think_start_token_id=cfg.think_start_token_id,
-                         think_end_token_id=cfg.think_end_token_id)
-    tokens = out[0, len(ids):].tolist()
-    eos = [i for i, t in enumerate(tokens) if t in cfg.eos_token_id]
-    return tokens[:eos[0] + 1] if eos else tokens
-
-
 @pytest.mark.parametrize("pool", [True, False])
 def test_engine_equals_generate_with_the_causal_fallback(model, tok, pool):
     requests = [(f"r{i}", tok.encode(p), request_settings(model, tok, max_new_tokens=14 + i, block_size=[4, 8][i % 2],
@@ -37,7 +27,7 @@ def test_engine_equals_generate_with_the_causal_fallback(model, tok, pool):
                 for i, p in enumerate(PROMPTS)]
     out = drive(engine_of(model, tok, pool), requests)
     for rid, ids, cfg in requests:
-        assert new_tokens(out[rid]) == generate(model, ids, cfg), rid
+        assert new_tokens(out[rid]) == generate_like(model, ids, cfg), rid
     confident = drive(engine_of(model, tok, pool), [(rid, ids, request_settings(
         model, tok, max_new_tokens=cfg.max_new_tokens, block_size=cfg.block_size, threshold=0.8))
         for rid, ids, cfg in requests])
@@ -60,7 +50,7 @@ def test_threshold_one_decodes_as_ar_with_its_logprobs(model, tok):
     ar = request_settings(model, tok, max_new_tokens=12, block_size=4, mode="ar")
     tokens, entries = logprob_run(engine_of(model, tok, True), ids, causal)
     ar_tokens, ar_entries = logprob_run(engine_of(model, tok, True), ids, ar)
-    assert tokens == ar_tokens == generate(model, ids, ar) and len(entries) == len(tokens)
+    assert tokens == ar_tokens == generate_like(model, ids, ar) and len(entries) == len(tokens)
     for (logprob, alternatives), (ar_logprob, ar_alternatives) in zip(entries, ar_entries):
         assert logprob == pytest.approx(ar_logprob, abs=1e-4)
         assert [i for i, _ in alternatives] == [i for i, _ in ar_alternatives]
@@ -81,7 +71,7 @@ def test_http_fallback_field_and_a_bad_value_is_a_400(model, tok):
         got = srv.client.completions.create(model="clover", prompt=ids, temperature=0, max_tokens=12,
                                             extra_body=extra)
         cfg = request_settings(model, tok, max_new_tokens=12, block_size=4, threshold=0.8, fallback="causal")
-        expected = [t for t in generate(model, ids, cfg) if t not in cfg.eos_token_id]
+        expected = [t for t in generate_like(model, ids, cfg) if t not in cfg.eos_token_id]
         assert got.choices[0].text == tok.decode(expected)
         with pytest.raises(openai.BadRequestError) as bad:
             srv.client.completions.create(model="clover", prompt="hi", max_tokens=4, extra_body={"fallback": "left"})
@@ -92,15 +82,3 @@ def test_http_fallback_field_and_a_bad_value_is_a_400(model, tok):
     finally:
         srv.stop()
 
-
-def test_server_default_fallback(model, tok):
-    """`Runtime.from_objects(fallback=...)` (`clover serve --fallback`) sets it for requests naming none."""
-    from clover.serving import Runtime
-
-    with pytest.raises(ValueError, match="fallback='left' is invalid"):
-        Runtime.from_objects(model, tok, EngineConfig(num_threads=1), fallback="left")
-    rt = Runtime.from_objects(model, tok, EngineConfig(num_threads=1), fallback="causal")
-    try:
-        assert rt.defaults.fallback == "causal"
-    finally:
-        rt.shutdown()

@@ -14,7 +14,7 @@ import torch
 from clover.serving.engine import Engine, EngineConfig
 from clover.serving.scheduler import SchedulerConfig
 
-from serve_fixtures import drive, new_tokens, request_settings
+from serve_fixtures import drive, generate_like, new_tokens, request_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,13 +35,7 @@ def small_engine(model, tok, pool: bool = True, cls=Engine, prefix_mb: float = 6
 
 
 def reference_ar(model, tok, ids: list[int], max_new_tokens: int) -> list[int]:
-    c = request_settings(model, tok)
-    out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, mode="ar",
-                         eos_token_id=list(c.eos_token_id), think_start_token_id=c.think_start_token_id,
-                         think_end_token_id=c.think_end_token_id)
-    tokens = out[0, len(ids):].tolist()
-    eos = [i for i, t in enumerate(tokens) if t in c.eos_token_id]
-    return tokens[:eos[0] + 1] if eos else tokens
+    return generate_like(model, ids, request_settings(model, tok, max_new_tokens=max_new_tokens, mode="ar"))
 
 
 @pytest.mark.parametrize("pool", [True, False])
@@ -219,14 +213,16 @@ def test_http_bad_mode_and_unsupported_combination_are_400(server):
     assert ok.choices[0].finish_reason in ("stop", "length") and ok.usage.completion_tokens > 0
 
 
-def test_server_default_mode(model, tok):
-    """`Runtime.from_objects(mode=...)` (`clover serve --mode`) sets the mode of requests naming none."""
+@pytest.mark.parametrize("name, bad, good", [("mode", "fast", "ar"), ("fallback", "left", "causal")])
+def test_server_default_mode(model, tok, name, bad, good):
+    """`Runtime.from_objects(mode=..., fallback=...)` (`clover serve --mode`, `--fallback`) set the
+    decoding of requests naming none; an unknown value is refused."""
     from clover.serving import Runtime
 
-    with pytest.raises(ValueError, match="mode='fast' is invalid"):
-        Runtime.from_objects(model, tok, EngineConfig(num_threads=1), mode="fast")
-    rt = Runtime.from_objects(model, tok, EngineConfig(num_threads=1), mode="ar")
+    with pytest.raises(ValueError, match=f"{name}='{bad}' is invalid"):
+        Runtime.from_objects(model, tok, EngineConfig(num_threads=1), **{name: bad})
+    rt = Runtime.from_objects(model, tok, EngineConfig(num_threads=1), **{name: good})
     try:
-        assert rt.defaults.mode == "ar"
+        assert getattr(rt.defaults, name) == good
     finally:
         rt.shutdown()
