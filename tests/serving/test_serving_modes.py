@@ -9,7 +9,6 @@ import threading
 
 import openai
 import pytest
-import torch
 
 from clover.serving.engine import Engine, EngineConfig
 from clover.serving.scheduler import SchedulerConfig
