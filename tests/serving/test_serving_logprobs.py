@@ -43,7 +43,7 @@ def test_logprob_is_the_one_the_token_was_committed_with(tok_model):
     block = torch.full((4,), mask, dtype=torch.long)
     logits = torch.zeros(4, vocab)
     logits[1, 100] = 12.0  # position 1 passes the threshold; the others are flat
-    block = decoder.step(logits, block, 0, 4, None)
+    block = decoder.step(logits, block, 0, 4, None).block[0]
     assert block.tolist()[1] == 100 and (block == mask).sum() == 3
     flat = logits[1].clone()
     flat[mask] = float("-inf")
@@ -52,7 +52,7 @@ def test_logprob_is_the_one_the_token_was_committed_with(tok_model):
     assert decoder.block_logprobs[1][1][0] == (100, pytest.approx(first, abs=1e-5))
     later = torch.zeros(4, vocab)
     later[:, 150] = 20.0  # every masked position now fills with 150; position 1 keeps its first logprob
-    block = decoder.step(later, block, 0, 4, None)
+    block = decoder.step(later, block, 0, 4, None).block[0]
     assert block.tolist() == [150, 100, 150, 150]
     taken = decoder.take_logprobs(4)
     assert taken[1][0] == pytest.approx(first, abs=1e-5)
