@@ -114,8 +114,9 @@ class BlockLogits(NamedTuple):
 
 
 def commit_block(model, batch: DecodeBatch, block: torch.Tensor, cfg, log: RunLog, mask_id: int) -> BlockLogits:
-    """Append a finished block to the cache (causal) and return the next block's first logits.
-    Fused: one forward over [block, B masks] with block_len=B; unfused: two forwards (C3)."""
+    """Append a finished block to the cache (causal) and return the next block's first logits, with
+    the causal logits of the block's last token (the causal fallback's first prediction). Fused: one
+    forward over [block, B masks] with block_len=B; unfused: two forwards (C3)."""
     size = block.shape[1]
     masks = torch.full_like(block, mask_id)
     filled = torch.ones_like(block, dtype=torch.bool)
@@ -131,7 +132,8 @@ def commit_block(model, batch: DecodeBatch, block: torch.Tensor, cfg, log: RunLo
 
 
 def first_block_logits(model, batch, input_ids, attention_mask, cfg, log, mask_id) -> BlockLogits:
-    """Prefill, then the first denoising forward (fused into the last prefill chunk by default)."""
+    """Prefill, then the first denoising forward (fused into the last prefill chunk by default); with
+    the causal logits of the prompt's last token."""
     size = cfg.block_size
     masks = torch.full((input_ids.shape[0], size), mask_id, dtype=torch.long, device=input_ids.device)
     if cfg.fuse_commit:
