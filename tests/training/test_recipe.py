@@ -180,7 +180,8 @@ COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
                      "curriculum_copy_cpu": "checkpoints/curriculum-copy",
                      "curriculum_copy_block_cpu": "checkpoints/curriculum-copy-block",
                      "curriculum_block_heavy_cpu": "checkpoints/curriculum-block-heavy",
-                     "curriculum_polish_cpu": "checkpoints/curriculum-polish"}
+                     "curriculum_polish_cpu": "checkpoints/curriculum-polish",
+                     "curriculum_suffix3_cpu": "checkpoints/curriculum-suffix3"}
 
 
 def test_curriculum_stages_teach_the_base_check_first():
