@@ -31,7 +31,7 @@ import torch
 from .generation_batch import BlockEvent, DecodeBatch, DoneEvent, RunLog, StepEvent, forward, prefill, start_batch
 from .generation_block_diffusion import denoise_step
 from .generation_sampling import (ControlContext, apply_processors, choose, last_marker_state, predict_with_confidence,
-                                  slot_think_open, think_markers, token_counts)
+                                  slot_controls, think_markers, token_counts)
 
 def next_token(logits: torch.Tensor, batch: DecodeBatch, position: int, cfg, processors, mask_id,
                generator=None, constraints: list | None = None) -> torch.Tensor:
@@ -139,26 +139,6 @@ def fill_draft(logits: torch.Tensor, block: torch.Tensor, mask_id: int) -> torch
     return block
 
 
-def verify_controls(logits: torch.Tensor, batch: DecodeBatch, draft: torch.Tensor, position: int,
-                    cfg, processors) -> torch.Tensor:
-    """Controls on the causal logits [1, B, V] of the draft: slot j predicts response position
-    `position + j + 1` with history = committed + draft[..j] (one row per slot)."""
-    if not processors:
-        return logits
-    size = draft.shape[1]
-    filled = torch.ones_like(draft, dtype=torch.bool)
-    steps = token_counts(draft.view(size, 1), filled.view(size, 1), batch.counts.shape[1])  # [B, V]
-    counts = batch.counts + steps.cumsum(0)
-    positions = torch.arange(position + 1, position + size + 1, device=draft.device)[:, None]  # [B, 1]
-    think_open = None
-    if batch.think_open is not None:
-        markers = think_markers(draft, filled, cfg.think_start_token_id, cfg.think_end_token_id)
-        markers = torch.cat((markers, markers.new_zeros(1, 1)), dim=1)
-        think_open = slot_think_open(markers, batch.think_open)[0, 1:, None]  # after slot j: [B, 1]
-    ctx = ControlContext(counts, positions, think_open, position + size)
-    return apply_processors(processors, logits.view(size, 1, -1), ctx).view(1, size, -1)
-
-
 def verify_block(model, batch: DecodeBatch, draft: torch.Tensor, position: int, cfg, processors,
                  log: RunLog, generator=None) -> VerifyResult:
     """Causal pass over the draft (writes the cache) and the exact-match acceptance."""
@@ -173,7 +153,7 @@ def accept_draft(logits: torch.Tensor, batch: DecodeBatch, draft: torch.Tensor, 
     the processed logits [1, B, V] the tokens a_j were chosen from (the AR distribution)."""
     logits = logits.float()
     logits[..., mask_id] = float("-inf")
-    logits = verify_controls(logits, batch, draft, position, cfg, processors)
+    logits = slot_controls(logits, batch, draft, position + 1, cfg, processors, mask_id)  # slot j: draft[..j]
     chosen, _ = predict_with_confidence(logits, cfg.do_sample, cfg.temperature, cfg.top_k, cfg.top_p,
                                         generator)  # [1, B]: a_j
     match = (draft[0, 1:] == chosen[0, :-1]).int()

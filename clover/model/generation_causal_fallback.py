@@ -26,8 +26,7 @@ rolled back from the cache (the block is committed as a whole later) and counts 
 import torch
 
 from .generation_batch import DecodeBatch, RunLog, forward
-from .generation_sampling import (ControlContext, apply_processors, predict_with_confidence, slot_think_open,
-                                  think_markers, token_counts)
+from .generation_sampling import predict_with_confidence, slot_controls
 
 FALLBACKS = ("confidence", "causal")  # SPEC §4's most confident position, or the causal mode's token
 
@@ -54,7 +53,8 @@ def fallback_fill(logits: torch.Tensor, last_logits: torch.Tensor, block: torch.
     size = block.shape[1]
     logits = torch.cat((last_logits[:, None], logits[:, :-1]), dim=1).float()  # [A, B, V] predicting j
     logits[..., mask_id] = float("-inf")
-    logits = prefix_controls(logits, batch, step.guesses, start, cfg, processors, mask_id)
+    before = torch.cat((torch.full_like(step.guesses[:, :1], mask_id), step.guesses[:, :-1]), dim=1)
+    logits = slot_controls(logits, batch, before, start, cfg, processors, mask_id)  # slot j: guesses[..j-1]
     masked = block == mask_id
     columns = torch.arange(size, device=block.device)
     chosen, _ = predict_with_confidence(logits, cfg.do_sample, cfg.temperature, cfg.top_k, cfg.top_p,
@@ -69,22 +69,3 @@ def fallback_fill(logits: torch.Tensor, last_logits: torch.Tensor, block: torch.
     new_block = torch.where(rows, torch.where(written, chosen, block), step.block)
     return new_block, torch.where(rows, written, step.filled)
 
-
-def prefix_controls(logits: torch.Tensor, batch: DecodeBatch, tokens: torch.Tensor, start: int, cfg,
-                    processors: list, mask_id: int) -> torch.Tensor:
-    """Controls on logits [A, B, V] whose slot j predicts response position `start + j`, with history =
-    committed + tokens[:, ..j-1] (the masks left in `tokens` [A, B] not counted): one row per slot."""
-    if not processors:
-        return logits
-    rows, size, vocab = logits.shape
-    real = tokens != mask_id
-    steps = token_counts(tokens.reshape(-1, 1), real.reshape(-1, 1), vocab).view(rows, size, vocab)
-    counts = batch.counts[:, None] + steps.cumsum(1) - steps  # [A, B, V]: before slot j
-    positions = (start + torch.arange(size, device=tokens.device)).repeat(rows)[:, None]  # [A*B, 1]
-    think_open = None
-    if batch.think_open is not None:
-        markers = think_markers(tokens, real, cfg.think_start_token_id, cfg.think_end_token_id)
-        think_open = slot_think_open(markers, batch.think_open).reshape(-1, 1)  # [A*B, 1]
-    ctx = ControlContext(counts.view(-1, vocab), positions, think_open, start + size - 1,
-                         rows=[row for row in batch.rows for _ in range(size)])
-    return apply_processors(processors, logits.view(rows * size, 1, vocab), ctx).view(rows, size, vocab)

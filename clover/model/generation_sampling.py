@@ -104,6 +104,28 @@ def control_context(batch, block: torch.Tensor, masked: torch.Tensor, start: int
                           rows=batch.rows)
 
 
+def slot_controls(logits: torch.Tensor, batch, tokens: torch.Tensor, start: int, cfg, processors: list,
+                  mask_id: int) -> torch.Tensor:
+    """Controls on logits [A, B, V] whose slot j predicts response position `start + j`, with history =
+    committed + tokens[:, ..j] (`tokens` [A, B]; mask ids in it are not counted): one row per slot.
+    A causal pass over a draft or a block reads its logits so, each slot with the tokens before it."""
+    if not processors:
+        return logits
+    rows, size, vocab = logits.shape
+    real = tokens != mask_id
+    steps = token_counts(tokens.reshape(-1, 1), real.reshape(-1, 1), vocab).view(rows, size, vocab)
+    counts = batch.counts[:, None] + steps.cumsum(1)  # [A, B, V]: up to and with slot j's token
+    positions = (start + torch.arange(size, device=tokens.device)).repeat(rows)[:, None]  # [A*B, 1]
+    think_open = None
+    if batch.think_open is not None:
+        markers = think_markers(tokens, real, cfg.think_start_token_id, cfg.think_end_token_id)
+        markers = torch.cat((markers, markers.new_zeros(rows, 1)), dim=1)
+        think_open = slot_think_open(markers, batch.think_open)[:, 1:].reshape(-1, 1)  # after token j: [A*B, 1]
+    ctx = ControlContext(counts.view(-1, vocab), positions, think_open, start + size - 1,
+                         rows=[row for row in batch.rows for _ in range(size)])
+    return apply_processors(processors, logits.view(rows * size, 1, vocab), ctx).view(rows, size, vocab)
+
+
 def ramp_is_zero(ctx: "ControlContext", start: int, window: int) -> bool:
     """True when the ramp is 0 at every slot (known from the host-side last position, no sync)."""
     if ctx.last_position is None:

@@ -7,8 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from clover.model.generation_causal_fallback import FALLBACKS
-from clover.model.generation_config import MODES, DecodeConfig, chat_token_ids, resolve_config
+from clover.model.generation_config import DecodeConfig, chat_token_ids, resolve_config, validate_settings
 
 from .engine import Engine, EngineConfig
 from .metrics import ServingMetrics
@@ -91,15 +90,9 @@ class Runtime:
         """Start an engine over an in-memory model and tokenizer (tests, benchmarks). `mode` and
         `fallback`: the decoding mode and block diffusion's fallback of requests that name none
         (default: the checkpoint's, block diffusion)."""
-        defaults = server_defaults(model, tokenizer)
-        if mode is not None:
-            if mode not in MODES:
-                raise ValueError(f"mode={mode!r} is invalid: must be one of {list(MODES)}")
-            defaults = replace(defaults, mode=mode)
-        if fallback is not None:
-            if fallback not in FALLBACKS:
-                raise ValueError(f"fallback={fallback!r} is invalid: must be one of {list(FALLBACKS)}")
-            defaults = replace(defaults, fallback=fallback)
+        chosen = {name: value for name, value in (("mode", mode), ("fallback", fallback)) if value is not None}
+        defaults = replace(server_defaults(model, tokenizer), **chosen)
+        validate_settings(defaults, model.config.vocab_size)  # names a bad mode or fallback and its choices
         engine = Engine(model, tokenizer, EngineConfig() if config is None else config, metrics).start()
         return cls(engine, AsyncEngine(engine), tokenizer, defaults, model.config)
 
