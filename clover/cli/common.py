@@ -11,6 +11,18 @@ from pathlib import Path
 SIGTERM_EXIT = 128 + signal.SIGTERM  # 143, the shell's code for a process ended by SIGTERM
 
 
+def add_block_rule_arguments(p, whose: str = "") -> None:
+    """`--fallback` and `--fill`, block diffusion's rules (choices checked when the settings are
+    validated); `whose` qualifies their defaults in the help, e.g. "of requests that name none"."""
+    default = f"default{' ' + whose if whose else ''}: the checkpoint's generation config"
+    p.add_argument("--fallback", default=None, metavar="{confidence,causal}",
+                   help=f"block diffusion when no masked position can be filled: fill the most confident one, "
+                        f"or ask the causal mode ({default})")
+    p.add_argument("--fill", default=None, metavar="{threshold,prefix}",
+                   help=f"which masked positions above the threshold a block-diffusion step fills: all, or "
+                        f"only those whose positions to the left are all filled ({default})")
+
+
 class UserError(ValueError):
     """A failure the user can fix (bad argument, file or folder): one line, exit 2."""
 

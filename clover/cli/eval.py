@@ -3,7 +3,7 @@ self-speculative decoding with `--self-spec`)."""
 
 import json
 
-from .common import UserError, json_option
+from .common import UserError, add_block_rule_arguments, json_option
 from .model_options import add_model_arguments, load_options, model_dir
 
 
@@ -21,9 +21,7 @@ def register(sub) -> None:
                    help="confidence threshold (default: the checkpoint's generation config)")
     p.add_argument("--block-size", type=int, default=None,
                    help="block size (default: the checkpoint's generation config)")
-    p.add_argument("--fallback", default=None, metavar="{confidence,causal}",
-                   help="block diffusion when no masked position passes the threshold: fill the most "
-                        "confident one, or ask the causal mode (default: the checkpoint's generation config)")
+    add_block_rule_arguments(p)
     p.add_argument("--max-new-tokens", type=int, default=512)
     thinking = p.add_mutually_exclusive_group()
     thinking.add_argument("--thinking", dest="thinking", action="store_true", default=None,
@@ -80,7 +78,7 @@ def run(args) -> int:
                       max_new_tokens=args.max_new_tokens, with_ar=not args.no_ar,
                       with_diffusion=not args.no_block_diffusion,
                       enable_thinking=args.thinking, with_self_spec=args.self_spec, batch_size=args.batch_size,
-                      fallback=args.fallback)
+                      fallback=args.fallback, fill=args.fill)
     print(f"seeds {' '.join(map(str, args.seed))}: {args.limit} prompts per task each")
     if options:
         print(f"task options: {json.dumps(options)}")

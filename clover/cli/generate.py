@@ -12,7 +12,7 @@ import shutil
 import sys
 import time
 
-from .common import UserError
+from .common import UserError, add_block_rule_arguments
 from .model_options import add_model_arguments, load_options, model_dir
 
 MASK_GLYPH = "░"
@@ -30,9 +30,7 @@ def register(sub) -> None:
                    help="start the assistant turn with an empty think block (with --chat)")
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--threshold", type=float, default=None)
-    p.add_argument("--fallback", default=None, metavar="{confidence,causal}",
-                   help="block diffusion when no masked position passes the threshold: fill the most "
-                        "confident one, or ask the causal mode (default: the checkpoint's generation config)")
+    add_block_rule_arguments(p)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-p", type=float, default=None)
@@ -104,7 +102,7 @@ def special_ids(model, tokenizer) -> dict:
 
 def decode_settings(args) -> dict:
     settings = dict(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
-                    threshold=args.threshold, fallback=args.fallback, top_p=args.top_p, top_k=args.top_k,
+                    threshold=args.threshold, fallback=args.fallback, fill=args.fill, top_p=args.top_p, top_k=args.top_k,
                     seed=args.seed)
     if args.temperature == 0:
         settings["do_sample"] = False

@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 
+from .common import add_block_rule_arguments
 from .model_options import add_model_arguments, load_options, model_dir
 
 
@@ -48,9 +49,7 @@ def register(sub) -> None:
     p.add_argument("--mode", default="block_diffusion", choices=["block_diffusion", "ar", "self_spec"],
                    help="decoding mode of requests that do not name one in their 'mode' field "
                         "(default: block_diffusion)")
-    p.add_argument("--fallback", default=None, metavar="{confidence,causal}",
-                   help="block diffusion of requests that do not name one in their 'fallback' field, when no "
-                        "masked position passes the threshold (default: the checkpoint's generation config)")
+    add_block_rule_arguments(p, "of requests that name none in their 'fallback' / 'fill' field")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the engine (default: torch's)")
     p.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json (off by default)")
@@ -101,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     def load(metrics):
         model, tokenizer = load_model_and_tokenizer(directory, options)
         return Runtime.from_objects(model, tokenizer, engine_config, metrics, mode=args.mode,
-                                    fallback=args.fallback)
+                                    fallback=args.fallback, fill=args.fill)
 
     server: Server | None = None
 

@@ -98,6 +98,7 @@ class EvalReport:
     thinking: bool | None = None  # whether the prompts were in thinking mode (None: no prompts)
     batch_size: int = 1  # prompts per generate call: speed figures are at this batch
     fallback: str = "confidence"  # block diffusion's rule when no position passes the threshold
+    fill: str = "threshold"  # block diffusion's rule for which positions above the threshold it fills
 
     @property
     def self_spec_same_as_ar(self) -> int | None:
@@ -132,6 +133,7 @@ class EvalReport:
             "model": self.model, "task": self.task, "n": self.summaries[0].n, "threads": self.threads,
             "thinking": self.thinking, "batch_size": self.batch_size,
             "threshold": self.threshold, "block_size": self.block_size, "fallback": self.fallback,
+            "fill": self.fill,
         }
         if d is not None:
             out |= {"accuracy": d.accuracy, "tokens_per_forward": d.tokens_per_forward,
@@ -213,20 +215,21 @@ def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str =
              threshold: float | None = None, block_size: int | None = None, max_new_tokens: int = 512,
              with_ar: bool = True, enable_thinking: bool | None = None,
              show_progress: bool = True, with_self_spec: bool = False, batch_size: int = 1,
-             with_diffusion: bool = True, fallback: str | None = None) -> EvalReport:
+             with_diffusion: bool = True, fallback: str | None = None, fill: str | None = None) -> EvalReport:
     """Decode every example with block diffusion, AR and self-speculative decoding (drafts of
     `block_size`), each optional, interleaved, `batch_size` prompts per call; score each.
-    `threshold` / `block_size` / `fallback` default to the checkpoint's generation config."""
+    `threshold` / `block_size` / `fallback` / `fill` default to the checkpoint's generation config."""
     if not (with_diffusion or with_ar or with_self_spec):
         raise ValueError("with_diffusion, with_ar and with_self_spec are all False: no mode to decode")
     gen = model.generation_config
     threshold = getattr(gen, "threshold", 0.95) if threshold is None else threshold
     block_size = getattr(gen, "block_size", 32) if block_size is None else block_size
     fallback = getattr(gen, "fallback", "confidence") if fallback is None else fallback
+    fill = getattr(gen, "fill", "threshold") if fill is None else fill
     modes = {}
     if with_diffusion:
         modes["block_diffusion"] = {"max_new_tokens": max_new_tokens, "block_size": block_size,
-                                    "threshold": threshold, "fallback": fallback}
+                                    "threshold": threshold, "fallback": fallback, "fill": fill}
     if with_ar:
         modes["ar"] = {"max_new_tokens": max_new_tokens}
     if with_self_spec:
@@ -245,14 +248,14 @@ def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str =
     thinking = format_chat(tokenizer, examples[0], enable_thinking).answer.startswith("<think>") if examples else None
     return EvalReport(model_name, task, threshold, block_size, torch.get_num_threads(),
                       results.get("block_diffusion"), results.get("ar"), results.get("self_spec"), thinking,
-                      batch_size, fallback)
+                      batch_size, fallback, fill)
 
 
 def report_lines(report: EvalReport) -> list[str]:
     d, a = report.diffusion, report.ar
     summaries = report.summaries
     lines = [f"model {report.model}  task {report.task}  n={summaries[0].n}  block {report.block_size}  "
-             f"threshold {report.threshold}  fallback {report.fallback}  "
+             f"threshold {report.threshold}  fill {report.fill}  fallback {report.fallback}  "
              f"thinking {'on' if report.thinking else 'off'}  "
              f"threads {report.threads}  " + ("(modes interleaved per prompt)" if report.batch_size == 1 else
                                               f"batch {report.batch_size}  (modes interleaved per batch)")]

@@ -26,7 +26,21 @@ class DenoiseResult(NamedTuple):
     filled: torch.Tensor  # [A, B] bool: positions this step filled
     confidence: torch.Tensor  # [A, B] each candidate position's confidence at this step (-1 elsewhere)
     guesses: torch.Tensor  # [A, B] the step's block with every position it read filled by its prediction
-    fallback: torch.Tensor  # [A] bool: no position passed the threshold, the most confident one was filled
+    fallback: torch.Tensor  # [A] bool: the fill rule filled nothing, the most confident position was filled
+
+
+# Which masked positions above the threshold a step fills: all of them (SPEC §4), or only those whose
+# block positions to the left are all filled, before or by this step (`filled_prefix`).
+FILL_RULES = ("threshold", "prefix")
+
+
+def filled_prefix(fill: torch.Tensor, masked: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """`fill` [A, K] (over block positions `columns`) kept only where every block position to its left
+    is filled already or by `fill` itself: the run that extends the block's filled prefix. `masked`
+    [A, B]: the block's masked positions before the step."""
+    resolved = ~masked
+    resolved[:, columns] |= fill
+    return fill & resolved.int().cumprod(-1).bool()[:, columns]
 
 
 @dataclass
@@ -49,8 +63,9 @@ def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, 
     """One low-confidence step on the blocks [A, B], given the logits [A, K, V] of block positions
     `columns` [K] (default: all B; a position outside `columns` is never filled).
 
-    Fills every masked position before `limit` whose confidence exceeds the threshold, or else the
-    single most confident one (so every step advances). `constraints`: None, or one grammar
+    Fills every masked position before `limit` whose confidence exceeds the threshold (with
+    `cfg.fill == "prefix"`, only those that extend the block's filled prefix), or else the single
+    most confident one (so every step advances). `constraints`: None, or one grammar
     constraint (or None) per original batch row; a constrained row fills a left-to-right run
     instead (`generation_sampling.commit_run`)."""
     if columns is None:
@@ -65,6 +80,8 @@ def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, 
                                                  cfg.top_p, generator)
     confidence = confidence.masked_fill(~candidate, -1.0)
     fill = candidate & (confidence > cfg.threshold)
+    if cfg.fill == "prefix":
+        fill = filled_prefix(fill, masked, columns)
     fallback = candidate.any(-1) & ~fill.any(-1)
     idx = torch.arange(columns.shape[0], device=block.device)
     fill |= (idx == confidence.argmax(-1, keepdim=True)) & fallback[:, None]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from .configuration_clover_moe import MAX_BLOCK_SIZE
+from .generation_block_diffusion import FILL_RULES
 from .generation_causal_fallback import FALLBACKS
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class DecodeConfig:
     mode: str = "block_diffusion"  # or "ar", "self_spec" (SPEC §7)
     draft_steps: int = 1  # self_spec: block-mode passes per draft (k_draft)
     fallback: str = "confidence"  # block_diffusion, no position above the threshold: or "causal"
+    fill: str = "threshold"  # block_diffusion: every masked position above the threshold, or "prefix"
 
     @property
     def pad_id(self) -> int:
@@ -164,6 +166,8 @@ def validate_settings(cfg: DecodeConfig, vocab_size: int) -> None:
         _refuse("repetition_penalty", cfg.repetition_penalty, "must be > 0 (1.0 = off)")
     if cfg.fallback not in FALLBACKS:
         _refuse("fallback", cfg.fallback, f"must be one of {list(FALLBACKS)}")
+    if cfg.fill not in FILL_RULES:
+        _refuse("fill", cfg.fill, f"must be one of {list(FILL_RULES)}")
     if cfg.draft_steps <= 0:
         _refuse("draft_steps", cfg.draft_steps, "must be a positive integer")
     if cfg.mode == "self_spec" and cfg.block_size < 2:

@@ -240,7 +240,7 @@ def refuse_unsupported(req: SamplingFields) -> None:
 def _overrides(req: SamplingFields, max_tokens: int | None) -> dict:
     top_k = req.top_k if req.top_k is None or req.top_k >= 0 else 0  # -1 = off, as in vLLM
     return dict(max_new_tokens=max_tokens, block_size=req.block_size, threshold=req.threshold, mode=req.mode,
-                fallback=req.fallback,
+                fallback=req.fallback, fill=req.fill,
                 temperature=req.temperature, top_p=req.top_p, top_k=top_k,
                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                 repetition_penalty=req.repetition_penalty)

@@ -86,13 +86,14 @@ class Runtime:
     @classmethod
     def from_objects(cls, model, tokenizer, config: EngineConfig | None = None,
                      metrics: ServingMetrics | None = None, mode: str | None = None,
-                     fallback: str | None = None) -> "Runtime":
-        """Start an engine over an in-memory model and tokenizer (tests, benchmarks). `mode` and
-        `fallback`: the decoding mode and block diffusion's fallback of requests that name none
-        (default: the checkpoint's, block diffusion)."""
-        chosen = {name: value for name, value in (("mode", mode), ("fallback", fallback)) if value is not None}
+                     fallback: str | None = None, fill: str | None = None) -> "Runtime":
+        """Start an engine over an in-memory model and tokenizer (tests, benchmarks). `mode`,
+        `fallback` and `fill`: the decoding mode and block diffusion's rules of requests that name
+        none (default: the checkpoint's, block diffusion)."""
+        chosen = {name: value for name, value in (("mode", mode), ("fallback", fallback), ("fill", fill))
+                  if value is not None}
         defaults = replace(server_defaults(model, tokenizer), **chosen)
-        validate_settings(defaults, model.config.vocab_size)  # names a bad mode or fallback and its choices
+        validate_settings(defaults, model.config.vocab_size)  # names a bad mode or rule and its choices
         engine = Engine(model, tokenizer, EngineConfig() if config is None else config, metrics).start()
         return cls(engine, AsyncEngine(engine), tokenizer, defaults, model.config)
 

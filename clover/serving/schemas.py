@@ -138,6 +138,7 @@ class SamplingFields(_Request):
     threshold: float | None = None
     mode: str | None = None  # "block_diffusion", "ar" or "self_spec" (SPEC §7); None: the server's default
     fallback: str | None = None  # "confidence" or "causal" (block diffusion's fallback); None: the server's
+    fill: str | None = None  # "threshold" or "prefix" (block diffusion's fill rule); None: the server's
 
     def stop_list(self) -> list[str]:
         """The stop strings; empty ones (`stop: ""`) stop nothing and are dropped."""

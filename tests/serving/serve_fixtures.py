@@ -47,7 +47,7 @@ def generate_like(model, ids: list[int], cfg) -> list[int]:
     """`model.generate` of one prompt with a request's settings `cfg` (those the engine's greedy
     decoding reads), cut after the first EOS as the engine stops."""
     out = model.generate(torch.tensor([ids]), max_new_tokens=cfg.max_new_tokens, block_size=cfg.block_size,
-                         threshold=cfg.threshold, fallback=cfg.fallback, mode=cfg.mode,
+                         threshold=cfg.threshold, fallback=cfg.fallback, fill=cfg.fill, mode=cfg.mode,
                          eos_token_id=list(cfg.eos_token_id), think_start_token_id=cfg.think_start_token_id,
                          think_end_token_id=cfg.think_end_token_id)
     tokens = out[0, len(ids):].tolist()

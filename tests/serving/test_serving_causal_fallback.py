@@ -1,6 +1,7 @@
-"""Block diffusion with fallback="causal" in the server (the engine's CHECK phase): batched requests
-decode exactly as `model.generate(fallback="causal")` with the cache pool and its plain twin, prompt
-pieces included; at threshold 1.0 they decode as AR; logprobs come with every token."""
+"""Block diffusion with fallback="causal" in the server (the engine's CHECK phase), with either fill
+rule: batched requests decode exactly as `model.generate(fallback="causal", fill=...)` with the
+cache pool and its plain twin, prompt pieces included; at threshold 1.0 they decode as AR; logprobs
+come with every token."""
 
 import pytest
 import torch
@@ -20,10 +21,11 @@ def engine_of(model, tok, pool: bool) -> Engine:
     return Engine(model, tok, EngineConfig(scheduler, cache_pool=pool))
 
 
+@pytest.mark.parametrize("fill", ["threshold", "prefix"])
 @pytest.mark.parametrize("pool", [True, False])
-def test_engine_equals_generate_with_the_causal_fallback(model, tok, pool):
+def test_engine_equals_generate_with_the_causal_fallback(model, tok, pool, fill):
     requests = [(f"r{i}", tok.encode(p), request_settings(model, tok, max_new_tokens=14 + i, block_size=[4, 8][i % 2],
-                                                           threshold=0.8, fallback="causal"))
+                                                           threshold=0.8, fallback="causal", fill=fill))
                 for i, p in enumerate(PROMPTS)]
     out = drive(engine_of(model, tok, pool), requests)
     for rid, ids, cfg in requests:
@@ -56,9 +58,10 @@ def test_threshold_one_decodes_as_ar_with_its_logprobs(model, tok):
         assert [i for i, _ in alternatives] == [i for i, _ in ar_alternatives]
 
 
-def test_http_fallback_field_and_a_bad_value_is_a_400(model, tok):
-    """The request field `fallback` reaches the engine (greedy text equals `model.generate`'s); an
-    unknown value is a 400 naming the field and the choices, and the server goes on serving."""
+def test_http_fallback_and_fill_fields_and_a_bad_value_is_a_400(model, tok):
+    """The request fields `fallback` and `fill` reach the engine (greedy text equals
+    `model.generate`'s); an unknown value is a 400 naming the field and the choices, and the server
+    goes on serving."""
     import openai
 
     from clover.serving import ServerConfig
@@ -67,16 +70,21 @@ def test_http_fallback_field_and_a_bad_value_is_a_400(model, tok):
     srv = serve_model(model, tok, ServerConfig())
     try:
         ids = tok.encode(PROMPTS[2])
-        extra = {"block_size": 4, "threshold": 0.8, "fallback": "causal"}
+        extra = {"block_size": 4, "threshold": 0.8, "fallback": "causal", "fill": "prefix"}
         got = srv.client.completions.create(model="clover", prompt=ids, temperature=0, max_tokens=12,
                                             extra_body=extra)
-        cfg = request_settings(model, tok, max_new_tokens=12, block_size=4, threshold=0.8, fallback="causal")
+        cfg = request_settings(model, tok, max_new_tokens=12, block_size=4, threshold=0.8, fallback="causal",
+                               fill="prefix")
         expected = [t for t in generate_like(model, ids, cfg) if t not in cfg.eos_token_id]
         assert got.choices[0].text == tok.decode(expected)
         with pytest.raises(openai.BadRequestError) as bad:
             srv.client.completions.create(model="clover", prompt="hi", max_tokens=4, extra_body={"fallback": "left"})
         assert bad.value.body["param"] == "fallback"
         assert "'left'" in bad.value.body["message"] and "causal" in bad.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as bad:
+            srv.client.completions.create(model="clover", prompt="hi", max_tokens=4, extra_body={"fill": "left"})
+        assert bad.value.body["param"] == "fill"
+        assert "'left'" in bad.value.body["message"] and "prefix" in bad.value.body["message"]
         ok = srv.client.completions.create(model="clover", prompt="hi", max_tokens=4, extra_body=extra)
         assert ok.usage.completion_tokens > 0
     finally:
