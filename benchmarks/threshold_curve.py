@@ -1,7 +1,9 @@
 """Accuracy against tokens per forward of block diffusion over confidence thresholds, one curve per
-fallback (`confidence`: SPEC §4's most confident position; `causal`: the causal mode's tokens,
-`clover.model.generation_causal_fallback`), with the AR point of the same checkpoint (embedded model
-by default). At threshold 1.0 every step is a fallback, so the causal curve ends on the AR point.
+rule: SPEC §4's (every masked position above the threshold, else the most confident one), the causal
+fallback (`clover.model.generation_causal_fallback`: where no position passes, the causal mode's
+tokens) and the prefix fill with the causal fallback (only positions whose block positions to the
+left are filled), with the AR point of the same checkpoint (embedded model by default). At threshold
+1.0 every step is a fallback, so the causal curves end on the AR point.
 
     python benchmarks/threshold_curve.py --limit 20 --png benchmarks/threshold_curve.png
 
@@ -15,29 +17,32 @@ import torch
 
 from clover.data import eval_examples
 from clover.evaluation.run import decode_all
-from clover.model.generation_causal_fallback import FALLBACKS
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import embedded_probe_parser, load_probe_model  # noqa: E402
 
 THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+# (fill, fallback) of each curve, its colour and where its threshold labels go (points above the curve)
+RULES = {("threshold", "confidence"): ("tab:blue", -12), ("threshold", "causal"): ("tab:green", 8),
+         ("prefix", "causal"): ("tab:purple", 16)}
 
 
 def measure(model, tokenizer, examples, block_size: int, max_new_tokens: int):
-    """Rows (fallback or "AR", threshold or None, accuracy, tokens per forward, tokens/s)."""
+    """Rows ((fill, fallback) or "AR", threshold or None, accuracy, tokens per forward, tokens/s)."""
     rows = []
-    runs = [(fallback, threshold) for fallback in FALLBACKS for threshold in THRESHOLDS] + [("AR", None)]
-    for fallback, threshold in runs:
-        if fallback == "AR":
+    runs = [(rule, threshold) for rule in RULES for threshold in THRESHOLDS] + [("AR", None)]
+    for rule, threshold in runs:
+        if rule == "AR":
             modes = {"ar": {"max_new_tokens": max_new_tokens}}
         else:
+            fill, fallback = rule
             modes = {"block_diffusion": {"max_new_tokens": max_new_tokens, "block_size": block_size,
-                                         "threshold": threshold, "fallback": fallback}}
+                                         "threshold": threshold, "fill": fill, "fallback": fallback}}
         (s,) = decode_all(model, tokenizer, examples, modes).values()
-        rows.append((fallback, threshold, s.accuracy, s.tokens_per_forward, s.tokens_per_second))
-        label = "" if threshold is None else f"{threshold:.2f}"
-        print(f"| {fallback} | {label} | {s.accuracy:.3f} | {s.tokens_per_forward:.2f} | "
-              f"{s.tokens_per_second:.1f} |", flush=True)
+        rows.append((rule, threshold, s.accuracy, s.tokens_per_forward, s.tokens_per_second))
+        name = "AR | " if rule == "AR" else f"{rule[0]} | {rule[1]} | {threshold:.2f}"
+        print(f"| {name} | {s.accuracy:.3f} | {s.tokens_per_forward:.2f} | {s.tokens_per_second:.1f} |",
+              flush=True)
     return rows
 
 
@@ -48,10 +53,10 @@ def plot(rows, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    for fallback, color, offset in (("confidence", "tab:blue", -12), ("causal", "tab:green", 8)):
-        curve = [r for r in rows if r[0] == fallback]
+    for (fill, fallback), (color, offset) in RULES.items():
+        curve = [r for r in rows if r[0] == (fill, fallback)]
         ax.plot([r[3] for r in curve], [r[2] for r in curve], "o-", color=color,
-                label=f"block diffusion, {fallback} fallback")
+                label=f"block diffusion, {fill} fill, {fallback} fallback")
         for _, threshold, acc, tpf, _ in curve:  # labels below the first curve, above the second
             ax.annotate(f"{threshold:g}", (tpf, acc), textcoords="offset points", xytext=(0, offset),
                         fontsize=7, ha="center", color=color)
@@ -78,7 +83,7 @@ def main() -> None:
     examples = eval_examples(args.limit, seed=args.seed)
     print(f"model {path}, {len(examples)} prompts, block {args.block_size}, greedy, "
           f"{torch.get_num_threads()} thread(s)\n")
-    print("| fallback | threshold | accuracy | tokens/forward | tokens/s |\n|---|---|---|---|---|")
+    print("| fill | fallback | threshold | accuracy | tokens/forward | tokens/s |\n|---|---|---|---|---|---|")
     with torch.inference_mode():
         rows = measure(model, tokenizer, examples, args.block_size, args.max_new_tokens)
     if args.png:
