@@ -50,8 +50,8 @@ def test_chat_show_denoising_plain_lines(checkpoint, capsys):
     assert any(line.startswith("[commit] ") for line in lines)
 
 
-@pytest.mark.parametrize("fallback", [None, "causal"])
-def test_show_denoising_on_a_terminal_redraws_in_place(checkpoint, fallback):
+@pytest.mark.parametrize("fallback, fill", [(None, None), ("causal", None), ("causal", "prefix")])
+def test_show_denoising_on_a_terminal_redraws_in_place(checkpoint, fallback, fill):
     from argparse import Namespace
 
     from clover.cli.generate import generate_text
@@ -64,7 +64,7 @@ def test_show_denoising_on_a_terminal_redraws_in_place(checkpoint, fallback):
     model, tokenizer = load_model_and_tokenizer(checkpoint, LoadOptions(device="cpu"))
     args = Namespace(chat=False, system=None, thinking=None, block_size=4, threshold=0.9, max_new_tokens=8,
                      temperature=None, top_p=None, top_k=None, seed=None, show_denoising=True, ar=False,
-                     self_spec=False, fallback=fallback)
+                     self_spec=False, fallback=fallback, fill=fill)
     out, err = Terminal(), io.StringIO()
     assert generate_text(model, tokenizer, args, "hello", out, err) == 0
     assert "\r\x1b[K" in out.getvalue() and "░" in out.getvalue()
