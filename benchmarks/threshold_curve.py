@@ -65,9 +65,10 @@ def plot(rows, path: str) -> None:
         ax.axhline(acc, color="tab:red", linestyle="--", linewidth=0.8, alpha=0.5)  # AR's accuracy
     ax.set_xlabel("tokens per forward")
     ax.set_ylabel("exact-match accuracy")
-    ax.set_ylim(0, 1.02)
+    low = min(r[2] for r in rows)
+    ax.set_ylim(max(0.0, low - 0.1), 1.02)  # the curves' range, not the empty band below them
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize=8)
+    ax.legend(loc="upper right", fontsize=8)
     ax.set_title("Accuracy vs tokens per forward (point labels: threshold)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -102,8 +102,8 @@ def special_ids(model, tokenizer) -> dict:
 
 def decode_settings(args) -> dict:
     settings = dict(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
-                    threshold=args.threshold, fallback=args.fallback, fill=args.fill, top_p=args.top_p, top_k=args.top_k,
-                    seed=args.seed)
+                    threshold=args.threshold, fallback=args.fallback, fill=args.fill, top_p=args.top_p,
+                    top_k=args.top_k, seed=args.seed)
     if args.temperature == 0:
         settings["do_sample"] = False
     elif args.temperature is not None or args.top_p is not None or args.top_k is not None:

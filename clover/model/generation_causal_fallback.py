@@ -1,5 +1,6 @@
 """The causal fallback of block diffusion (`fallback="causal"`): when no masked position of a block
-passes the threshold, ask the causal mode instead of filling the most confident position.
+passes the threshold (with `fill="prefix"`: when the leftmost one does not), ask the causal mode
+instead of filling the most confident position.
 
 SPEC §4's rule fills the single most confident masked position when none passes the threshold.
 That commit is where block diffusion departs from AR decoding of the same checkpoint
