@@ -26,7 +26,7 @@ class DenoiseResult(NamedTuple):
     filled: torch.Tensor  # [A, B] bool: positions this step filled
     confidence: torch.Tensor  # [A, B] each candidate position's confidence at this step (-1 elsewhere)
     guesses: torch.Tensor  # [A, B] the step's block with every position it read filled by its prediction
-    fallback: torch.Tensor  # [A] bool: the fill rule filled nothing, the most confident position was filled
+    fallback: torch.Tensor  # [A] bool: the fallback decides the row (`denoise_step`)
 
 
 # Which masked positions above the threshold a step fills: all of them (SPEC §4), or only those whose
@@ -65,7 +65,11 @@ def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, 
 
     Fills every masked position before `limit` whose confidence exceeds the threshold (with
     `cfg.fill == "prefix"`, only those that extend the block's filled prefix), or else the single
-    most confident one (so every step advances). `constraints`: None, or one grammar
+    most confident one (so every step advances; with the causal fallback, the causal pass fills
+    instead, `generation_causal_fallback`). `fallback` marks the rows where nothing passed;
+    with the prefix rule and the causal fallback also those whose confident run left positions
+    open, which the causal pass then decides from the first of them
+    (`generation_causal_fallback`). `constraints`: None, or one grammar
     constraint (or None) per original batch row; a constrained row fills a left-to-right run
     instead (`generation_sampling.commit_run`)."""
     if columns is None:
@@ -82,9 +86,13 @@ def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, 
     fill = candidate & (confidence > cfg.threshold)
     if cfg.fill == "prefix":
         fill = filled_prefix(fill, masked, columns)
-    fallback = candidate.any(-1) & ~fill.any(-1)
-    idx = torch.arange(columns.shape[0], device=block.device)
-    fill |= (idx == confidence.argmax(-1, keepdim=True)) & fallback[:, None]
+    none_passed = candidate.any(-1) & ~fill.any(-1)
+    fallback = none_passed
+    if cfg.fill == "prefix" and cfg.fallback == "causal":
+        fallback = (candidate & ~fill).any(-1)  # the causal mode decides what the confident run left open
+    if cfg.fallback != "causal":  # else the causal pass fills those rows
+        idx = torch.arange(columns.shape[0], device=block.device)
+        fill |= (idx == confidence.argmax(-1, keepdim=True)) & none_passed[:, None]
     new_block, filled = block.clone(), torch.zeros_like(masked)
     new_block[:, columns] = torch.where(fill, tokens, sub_block)
     filled[:, columns] = fill

@@ -1,6 +1,7 @@
 """The causal fallback of block diffusion (`fallback="causal"`): when no masked position of a block
-passes the threshold (with `fill="prefix"`: when the leftmost one does not), ask the causal mode
-instead of filling the most confident position.
+passes the threshold, ask the causal mode instead of filling the most confident position. With
+`fill="prefix"` the step first fills its confident run from the leftmost masked position, and the
+causal mode decides every step that leaves positions open, from the first of them.
 
 SPEC §4's rule fills the single most confident masked position when none passes the threshold.
 That commit is where block diffusion departs from AR decoding of the same checkpoint
@@ -50,8 +51,11 @@ def fallback_fill(logits: torch.Tensor, last_logits: torch.Tensor, block: torch.
                   start: int, limit: int, cfg, processors: list, mask_id: int,
                   generator=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The fill from the causal logits [A, B, V] of `step.guesses` (logit j predicts position j + 1);
-    `batch` gives the committed history the controls read."""
+    `batch` gives the committed history the controls read. The step's own fills (a confident run,
+    under the prefix rule) stand, and the run starts after them."""
     size = block.shape[1]
+    kept = step.filled  # [A, B]: the confident run the step filled (none where nothing passed)
+    block = torch.where(kept, step.block, block)
     logits = torch.cat((last_logits[:, None], logits[:, :-1]), dim=1).float()  # [A, B, V] predicting j
     logits[..., mask_id] = float("-inf")
     before = torch.cat((torch.full_like(step.guesses[:, :1], mask_id), step.guesses[:, :-1]), dim=1)
@@ -68,5 +72,5 @@ def fallback_fill(logits: torch.Tensor, last_logits: torch.Tensor, block: torch.
     written = run & (masked | (chosen != block))  # a filled token the causal mode agrees with stays
     rows = step.fallback[:, None]
     new_block = torch.where(rows, torch.where(written, chosen, block), step.block)
-    return new_block, torch.where(rows, written, step.filled)
+    return new_block, torch.where(rows, written | kept, step.filled)
 

@@ -90,13 +90,14 @@ class RowDecoder:
         comes from `check`."""
         step = denoise_step(logits[None], block[None], self.history, start, limit, self.cfg, self.processors,
                             self.mask_token_id, generator, constraints=self.constraints)
-        if self.recorder is not None and not self.needs_check(step):
+        if self.recorder is not None:  # with a causal pass to come, the confident run it keeps
             self._record(step.block[0], step.filled[0])
         return step
 
     def needs_check(self, step) -> bool:
-        """With fallback="causal", a step that filled no position above the threshold waits for a
-        causal pass over its guesses (`clover.model.generation_causal_fallback`)."""
+        """With fallback="causal", a step that filled no position above the threshold (with
+        fill="prefix": that left positions open after its confident run) waits for a causal pass
+        over its guesses (`clover.model.generation_causal_fallback`)."""
         return self.cfg.fallback == "causal" and bool(step.fallback[0])
 
     def check(self, logits: torch.Tensor, last_logits: torch.Tensor, block: torch.Tensor, step, start: int,
@@ -105,9 +106,9 @@ class RowDecoder:
         `block` [B] before the step -> the block after it, filled by the causal mode."""
         new, filled = fallback_fill(logits[None], last_logits[None], block[None], step, self.history, start,
                                     limit, self.cfg, self.processors, self.mask_token_id, generator)
-        if self.recorder is not None:
+        if self.recorder is not None:  # the positions the causal pass wrote (the step recorded its confident run)
             self.recorder.logits = self.recorder.logits.view(1, block.shape[0], -1)  # one row per slot there
-            self._record(new[0], filled[0])
+            self._record(new[0], filled[0] & ~step.filled[0])
         return new[0]
 
     def _record(self, block: torch.Tensor, filled: torch.Tensor) -> None:

@@ -83,3 +83,51 @@ def test_rows_are_independent_of_their_batch_and_the_commit_fuses(model):
 def test_an_unknown_fill_rule_is_refused(model):
     with pytest.raises(ValueError, match="fill='left'.*threshold.*prefix"):
         model.generate(torch.tensor([prompt(5)]), fill="left", max_new_tokens=8)
+
+
+def test_the_causal_pass_starts_after_the_confident_run():
+    """Block [7, M, M, M, M]; the step filled position 1 (its confident run: 3), guesses [7, 3, 9, 4, 6];
+    the causal choices a = [7, 5, 9, 4, 6]. The run stands and the causal pass writes from position 2
+    while the guesses agree: [7, 3, 9, 4, 6]. Without the run it starts at 1 and writes a_1 = 5 only."""
+    from types import SimpleNamespace
+
+    from clover.model.generation_block_diffusion import DenoiseResult
+    from clover.model.generation_causal_fallback import fallback_fill
+
+    m, vocab = 99, 100
+    block = torch.tensor([[7, m, m, m, m]])
+    guesses = torch.tensor([[7, 3, 9, 4, 6]])
+    batch = SimpleNamespace(counts=torch.zeros(1, vocab), think_open=None, rows=[0])
+    cfg = SimpleNamespace(do_sample=False, temperature=1.0, top_k=0, top_p=1.0)
+    wanted = torch.nn.functional.one_hot(torch.tensor([[7, 5, 9, 4, 6]]), vocab).float() * 10  # [1, 5, V]
+    causal = torch.cat((wanted[:, 1:], wanted[:, :1]), dim=1)  # logit j predicts j + 1
+
+    def fill(run: list[bool]):
+        filled = torch.tensor([run])
+        step = DenoiseResult(torch.where(filled, guesses, block), filled, torch.zeros(1, 5), guesses,
+                             torch.tensor([True]))
+        return fallback_fill(causal, wanted[:, 0], block, step, batch, 0, 5, cfg, [], m)
+
+    new, written = fill([False, True, False, False, False])
+    assert new.tolist() == [[7, 3, 9, 4, 6]] and written.tolist() == [[False, True, True, True, True]]
+    new, written = fill([False] * 5)
+    assert new.tolist() == [[7, 5, m, m, m]] and written.tolist() == [[False, True, False, False, False]]
+
+
+def test_a_confident_run_that_leaves_positions_open_goes_to_the_causal_pass(model):
+    """With fill="prefix" and the causal fallback, a step whose confident run stops before the block's
+    end is marked for the causal pass and fills nothing beyond the run (no most-confident fill)."""
+    from clover.model.generation_batch import start_batch
+    from clover.model.generation_block_diffusion import denoise_step
+
+    ids = torch.tensor([prompt(10, seed=10)])
+    mask_id, size = model.config.mask_token_id, 8
+    block = torch.full((1, size), mask_id)
+    for fallback, marked in (("causal", True), ("confidence", False)):
+        cfg = resolve_config(None, model.config, dict(threshold=0.5, fill="prefix", fallback=fallback, **settings()))
+        batch = start_batch(model, ids, torch.ones_like(ids), cfg)
+        logits = torch.full((1, size, model.config.vocab_size), -10.0)
+        logits[0, :3, 5] = 10.0  # positions 0-2 sure of token 5, the rest unsure (uniform)
+        step = denoise_step(logits, block, batch, 0, size, cfg, [], mask_id)
+        assert step.filled[0].tolist() == [True] * 3 + [False] * 5
+        assert bool(step.fallback[0]) is marked

@@ -58,6 +58,16 @@ def test_threshold_one_decodes_as_ar_with_its_logprobs(model, tok):
         assert [i for i, _ in alternatives] == [i for i, _ in ar_alternatives]
 
 
+def test_prefix_fill_with_the_causal_pass_reports_a_logprob_per_token(model, tok):
+    """fill="prefix": a step's confident run takes its logprobs from the block-mode step, the
+    positions the causal pass then writes from the causal pass; every token has its entry."""
+    ids = tok.encode(PROMPTS[3])
+    cfg = request_settings(model, tok, max_new_tokens=16, block_size=8, threshold=0.7, fallback="causal",
+                           fill="prefix")
+    tokens, entries = logprob_run(engine_of(model, tok, True), ids, cfg)
+    assert tokens == generate_like(model, ids, cfg) and len(entries) == len(tokens)
+
+
 def test_http_fallback_and_fill_fields_and_a_bad_value_is_a_400(model, tok):
     """The request fields `fallback` and `fill` reach the engine (greedy text equals
     `model.generate`'s); an unknown value is a 400 naming the field and the choices, and the server
