@@ -65,11 +65,10 @@ def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, 
 
     Fills every masked position before `limit` whose confidence exceeds the threshold (with
     `cfg.fill == "prefix"`, only those that extend the block's filled prefix), or else the single
-    most confident one (so every step advances; with the causal fallback, the causal pass fills
-    instead, `generation_causal_fallback`). `fallback` marks the rows where nothing passed;
-    with the prefix rule and the causal fallback also those whose confident run left positions
-    open, which the causal pass then decides from the first of them
-    (`generation_causal_fallback`). `constraints`: None, or one grammar
+    most confident one, so every step advances. `fallback` marks the rows where nothing passed and,
+    with the prefix rule and the causal fallback, those whose confident run left positions open;
+    with the causal fallback the causal pass fills these rows instead of the most confident
+    position (`generation_causal_fallback`). `constraints`: None, or one grammar
     constraint (or None) per original batch row; a constrained row fills a left-to-right run
     instead (`generation_sampling.commit_run`)."""
     if columns is None:
