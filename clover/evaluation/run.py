@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from clover.data import Example, format_chat, get_task
+from clover.model.generation_config import resolve_config
 
 MODES = ("block_diffusion", "ar", "self_spec")
 
@@ -221,11 +222,9 @@ def evaluate(model, tokenizer, examples: Sequence[Example], *, model_name: str =
     `threshold` / `block_size` / `fallback` / `fill` default to the checkpoint's generation config."""
     if not (with_diffusion or with_ar or with_self_spec):
         raise ValueError("with_diffusion, with_ar and with_self_spec are all False: no mode to decode")
-    gen = model.generation_config
-    threshold = getattr(gen, "threshold", 0.95) if threshold is None else threshold
-    block_size = getattr(gen, "block_size", 32) if block_size is None else block_size
-    fallback = getattr(gen, "fallback", "confidence") if fallback is None else fallback
-    fill = getattr(gen, "fill", "threshold") if fill is None else fill
+    cfg = resolve_config(model.generation_config, model.config, dict(threshold=threshold, block_size=block_size,
+                                                                     fallback=fallback, fill=fill))
+    threshold, block_size, fallback, fill = cfg.threshold, cfg.block_size, cfg.fallback, cfg.fill
     modes = {}
     if with_diffusion:
         modes["block_diffusion"] = {"max_new_tokens": max_new_tokens, "block_size": block_size,

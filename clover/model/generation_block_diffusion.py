@@ -85,13 +85,13 @@ def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, 
     fill = candidate & (confidence > cfg.threshold)
     if cfg.fill == "prefix":
         fill = filled_prefix(fill, masked, columns)
-    none_passed = candidate.any(-1) & ~fill.any(-1)
-    fallback = none_passed
-    if cfg.fill == "prefix" and cfg.fallback == "causal":
-        fallback = (candidate & ~fill).any(-1)  # the causal mode decides what the confident run left open
-    if cfg.fallback != "causal":  # else the causal pass fills those rows
+    fallback = candidate.any(-1) & ~fill.any(-1)  # nothing passed
+    if cfg.fallback == "causal":  # the causal pass fills these rows; under the prefix rule, what the run left open
+        if cfg.fill == "prefix":
+            fallback = (candidate & ~fill).any(-1)
+    else:
         idx = torch.arange(columns.shape[0], device=block.device)
-        fill |= (idx == confidence.argmax(-1, keepdim=True)) & none_passed[:, None]
+        fill |= (idx == confidence.argmax(-1, keepdim=True)) & fallback[:, None]
     new_block, filled = block.clone(), torch.zeros_like(masked)
     new_block[:, columns] = torch.where(fill, tokens, sub_block)
     filled[:, columns] = fill
@@ -213,8 +213,8 @@ def block_diffusion_steps(model, input_ids, attention_mask, cfg, processors, gen
             step = denoise_step(logits, block, batch, start, limit, cfg, processors, mask_id, generator,
                                 columns, constraints)
             if cfg.fallback == "causal" and step.fallback.any():
-                block, filled = causal_fallback(model, batch, block, step, last_logits, start, limit, cfg,
-                                                processors, log, generator)
+                block, filled = causal_fallback(model, batch, step, last_logits, start, limit, cfg, processors,
+                                                log, generator)
             else:
                 block, filled = step.block, step.filled
             yield StepEvent(list(batch.rows), k, block, filled, step.confidence)

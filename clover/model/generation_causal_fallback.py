@@ -33,29 +33,28 @@ from .generation_sampling import predict_with_confidence, slot_controls
 FALLBACKS = ("confidence", "causal")  # SPEC §4's most confident position, or the causal mode's token
 
 
-def causal_fallback(model, batch: DecodeBatch, block: torch.Tensor, step, last_logits: torch.Tensor,
-                    start: int, limit: int, cfg, processors: list, log: RunLog,
-                    generator=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`block` [A, B] before the denoising `step` (a `DenoiseResult`), `last_logits` [A, V] the causal
-    logits of the last committed token -> (block, filled) after the step, the rows where `step.fallback`
-    filled by the causal mode instead. The causal pass is rolled back from the cache."""
+def causal_fallback(model, batch: DecodeBatch, step, last_logits: torch.Tensor, start: int, limit: int, cfg,
+                    processors: list, log: RunLog, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The denoising `step` (a `DenoiseResult`), `last_logits` [A, V] the causal logits of the last
+    committed token -> (block, filled) after the step, the rows where `step.fallback` completed by
+    the causal mode. The causal pass is rolled back from the cache."""
     snapshot, attention_mask = batch.cache.snapshot(), batch.attention_mask
-    logits = forward(model, batch, step.guesses, 0, block.shape[1], cfg, log)  # [A, B, V]: j predicts j + 1
+    logits = forward(model, batch, step.guesses, 0, step.guesses.shape[1], cfg, log)  # [A, B, V]: j predicts j + 1
     batch.cache.restore(snapshot)
     batch.attention_mask = attention_mask
-    return fallback_fill(logits, last_logits, block, step, batch, start, limit, cfg, processors,
+    return fallback_fill(logits, last_logits, step, batch, start, limit, cfg, processors,
                          model.config.mask_token_id, generator)
 
 
-def fallback_fill(logits: torch.Tensor, last_logits: torch.Tensor, block: torch.Tensor, step, batch: DecodeBatch,
-                  start: int, limit: int, cfg, processors: list, mask_id: int,
+def fallback_fill(logits: torch.Tensor, last_logits: torch.Tensor, step, batch: DecodeBatch, start: int,
+                  limit: int, cfg, processors: list, mask_id: int,
                   generator=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The fill from the causal logits [A, B, V] of `step.guesses` (logit j predicts position j + 1);
-    `batch` gives the committed history the controls read. The step's own fills (a confident run,
-    under the prefix rule) stand, and the run starts after them."""
+    `batch` gives the committed history the controls read. With the causal fallback a step fills no
+    fallback position itself, so `step.block` is the block before the pass: its own fills (a
+    confident run, under the prefix rule) stand, and the run starts after them."""
+    block = step.block
     size = block.shape[1]
-    kept = step.filled  # [A, B]: the confident run the step filled (none where nothing passed)
-    block = torch.where(kept, step.block, block)
     logits = torch.cat((last_logits[:, None], logits[:, :-1]), dim=1).float()  # [A, B, V] predicting j
     logits[..., mask_id] = float("-inf")
     before = torch.cat((torch.full_like(step.guesses[:, :1], mask_id), step.guesses[:, :-1]), dim=1)
@@ -70,7 +69,5 @@ def fallback_fill(logits: torch.Tensor, last_logits: torch.Tensor, block: torch.
     chain = torch.cat((torch.ones_like(agree[:, :1]), agree[:, :-1].int().cumprod(-1).bool()), dim=1)
     run = after & chain & (columns < limit) & step.fallback[:, None]
     written = run & (masked | (chosen != block))  # a filled token the causal mode agrees with stays
-    rows = step.fallback[:, None]
-    new_block = torch.where(rows, torch.where(written, chosen, block), step.block)
-    return new_block, torch.where(rows, written | kept, step.filled)
+    return torch.where(written, chosen, block), written | step.filled  # written only in fallback rows
 

@@ -100,14 +100,14 @@ class RowDecoder:
         over its guesses (`clover.model.generation_causal_fallback`)."""
         return self.cfg.fallback == "causal" and bool(step.fallback[0])
 
-    def check(self, logits: torch.Tensor, last_logits: torch.Tensor, block: torch.Tensor, step, start: int,
-              limit: int, generator: torch.Generator | None) -> torch.Tensor:
-        """The causal logits [B, V] of `step.guesses`, `last_logits` [V] of the last committed token,
-        `block` [B] before the step -> the block after it, filled by the causal mode."""
-        new, filled = fallback_fill(logits[None], last_logits[None], block[None], step, self.history, start,
-                                    limit, self.cfg, self.processors, self.mask_token_id, generator)
+    def check(self, logits: torch.Tensor, last_logits: torch.Tensor, step, start: int, limit: int,
+              generator: torch.Generator | None) -> torch.Tensor:
+        """The causal logits [B, V] of `step.guesses`, `last_logits` [V] of the last committed token
+        -> the block [B] after the step, completed by the causal mode."""
+        new, filled = fallback_fill(logits[None], last_logits[None], step, self.history, start, limit, self.cfg,
+                                    self.processors, self.mask_token_id, generator)
         if self.recorder is not None:  # the positions the causal pass wrote (the step recorded its confident run)
-            self.recorder.logits = self.recorder.logits.view(1, block.shape[0], -1)  # one row per slot there
+            self.recorder.logits = self.recorder.logits.view(1, new.shape[1], -1)  # one row per slot there
             self._record(new[0], filled[0] & ~step.filled[0])
         return new[0]
 

@@ -373,8 +373,7 @@ class Engine(CausalSteps):
         commit or finish when the block is final."""
         limit, start = min(seq.block_size, seq.remaining), len(seq.generated)
         if seq.phase is Phase.CHECK:
-            seq.block = seq.decoder.check(logits, seq.last_logits, seq.block, seq.check, start, limit,
-                                          seq.generator)
+            seq.block = seq.decoder.check(logits, seq.last_logits, seq.check, start, limit, seq.generator)
             seq.check = None
         else:
             if logits.shape[0] > seq.block_size:  # fallback="causal": the last committed token's logits first

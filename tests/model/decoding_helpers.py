@@ -29,6 +29,26 @@ def prompt(length: int, seed: int = 0, think: bool = False) -> list[int]:
     return ids + [THINK_START] if think else ids
 
 
+def greedy_settings(block_size: int = 8, **extra) -> dict:
+    """Greedy decoding of 40 tokens with every control on (the causal-fallback and fill-rule tests)."""
+    return dict(max_new_tokens=40, do_sample=False, block_size=block_size, eos_token_id=[EOS], **CONTROLS_ON,
+                **extra)
+
+
+def hand_fallback_fill(block: torch.Tensor, step, choices: list[int], vocab: int = 100):
+    """`generation_causal_fallback.fallback_fill` of a hand-made 1-row `step` whose causal mode
+    chooses `choices[j]` at position j (greedy, no controls, mask id `vocab - 1`)."""
+    from types import SimpleNamespace
+
+    from clover.model.generation_causal_fallback import fallback_fill
+
+    batch = SimpleNamespace(counts=torch.zeros(1, vocab), think_open=None, rows=[0])
+    cfg = SimpleNamespace(do_sample=False, temperature=1.0, top_k=0, top_p=1.0)
+    wanted = torch.nn.functional.one_hot(torch.tensor([choices]), vocab).float() * 10  # [1, B, V]: a_j
+    causal = torch.cat((wanted[:, 1:], wanted[:, :1]), dim=1)  # logit j predicts j + 1 (the last: none)
+    return fallback_fill(causal, wanted[:, 0], step, batch, 0, block.shape[1], cfg, [], vocab - 1)
+
+
 def left_pad(prompts: list[list[int]], pad: int = 0):
     width = max(map(len, prompts))
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])

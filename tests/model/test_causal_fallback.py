@@ -12,17 +12,13 @@ from clover.model.generation_batch import StepEvent
 from clover.model.generation_block_diffusion import block_diffusion_steps
 from clover.model.generation_config import resolve_config
 from clover.model.generation_sampling import make_logits_processors
-from decoding_helpers import CONTROLS_ON, EOS, THINK_START, left_pad, peaked_model, prompt
+from decoding_helpers import greedy_settings as settings
+from decoding_helpers import hand_fallback_fill, left_pad, peaked_model, prompt
 
 
 @pytest.fixture(scope="module")
 def model():
     return peaked_model(seed=1, head_scale=8.0)
-
-
-def settings(block_size=8, **extra):
-    return dict(max_new_tokens=40, do_sample=False, block_size=block_size, eos_token_id=[EOS], **CONTROLS_ON,
-                **extra)
 
 
 @pytest.mark.parametrize("block_size", [4, 8, 16, 32])
@@ -73,23 +69,16 @@ def test_the_run_from_the_first_masked_position_and_where_it_ends():
     """Block [7, M, 9, M, M], guesses [7, 3, 9, 4, 6]: the causal choices a = [7, 3, 8, 4, 6] agree up
     to position 2, where the filled 9 is overruled by 8 and the run ends (3 and 4 stay masked); with
     a_1 = 5 the run ends at position 1."""
-    from types import SimpleNamespace
-
     from clover.model.generation_block_diffusion import DenoiseResult
-    from clover.model.generation_causal_fallback import fallback_fill
 
-    m, vocab = 99, 100
+    m = 99  # hand_fallback_fill's mask id
     block = torch.tensor([[7, m, 9, m, m]])
     guesses = torch.tensor([[7, 3, 9, 4, 6]])
     step = DenoiseResult(block, torch.zeros_like(block, dtype=torch.bool), torch.zeros(1, 5), guesses,
                          torch.tensor([True]))
-    batch = SimpleNamespace(counts=torch.zeros(1, vocab), think_open=None, rows=[0])
-    cfg = SimpleNamespace(do_sample=False, temperature=1.0, top_k=0, top_p=1.0)
 
     def fill(choices):
-        wanted = torch.nn.functional.one_hot(torch.tensor([choices]), vocab).float() * 10  # [1, 5, V]: a_j
-        causal = torch.cat((wanted[:, 1:], wanted[:, :1]), dim=1)  # logit j predicts j + 1 (the last: none)
-        return fallback_fill(causal, wanted[:, 0], block, step, batch, 0, 5, cfg, [], m)
+        return hand_fallback_fill(block, step, choices)
 
     new, written = fill([7, 3, 8, 4, 6])
     assert new.tolist() == [[7, 3, 8, m, m]] and written.tolist() == [[False, True, True, False, False]]

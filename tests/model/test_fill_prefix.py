@@ -12,17 +12,13 @@ from clover.model.generation_batch import StepEvent
 from clover.model.generation_block_diffusion import block_diffusion_steps, filled_prefix
 from clover.model.generation_config import resolve_config
 from clover.model.generation_sampling import make_logits_processors
-from decoding_helpers import CONTROLS_ON, EOS, left_pad, peaked_model, prompt
+from decoding_helpers import greedy_settings as settings
+from decoding_helpers import hand_fallback_fill, left_pad, peaked_model, prompt
 
 
 @pytest.fixture(scope="module")
 def model():
     return peaked_model(seed=1, head_scale=8.0)
-
-
-def settings(block_size=8, **extra):
-    return dict(max_new_tokens=40, do_sample=False, block_size=block_size, eos_token_id=[EOS], **CONTROLS_ON,
-                **extra)
 
 
 def test_filled_prefix_keeps_the_run_that_extends_the_filled_positions():
@@ -89,24 +85,17 @@ def test_the_causal_pass_starts_after_the_confident_run():
     """Block [7, M, M, M, M]; the step filled position 1 (its confident run: 3), guesses [7, 3, 9, 4, 6];
     the causal choices a = [7, 5, 9, 4, 6]. The run stands and the causal pass writes from position 2
     while the guesses agree: [7, 3, 9, 4, 6]. Without the run it starts at 1 and writes a_1 = 5 only."""
-    from types import SimpleNamespace
-
     from clover.model.generation_block_diffusion import DenoiseResult
-    from clover.model.generation_causal_fallback import fallback_fill
 
-    m, vocab = 99, 100
+    m = 99  # hand_fallback_fill's mask id
     block = torch.tensor([[7, m, m, m, m]])
     guesses = torch.tensor([[7, 3, 9, 4, 6]])
-    batch = SimpleNamespace(counts=torch.zeros(1, vocab), think_open=None, rows=[0])
-    cfg = SimpleNamespace(do_sample=False, temperature=1.0, top_k=0, top_p=1.0)
-    wanted = torch.nn.functional.one_hot(torch.tensor([[7, 5, 9, 4, 6]]), vocab).float() * 10  # [1, 5, V]
-    causal = torch.cat((wanted[:, 1:], wanted[:, :1]), dim=1)  # logit j predicts j + 1
 
     def fill(run: list[bool]):
         filled = torch.tensor([run])
         step = DenoiseResult(torch.where(filled, guesses, block), filled, torch.zeros(1, 5), guesses,
                              torch.tensor([True]))
-        return fallback_fill(causal, wanted[:, 0], block, step, batch, 0, 5, cfg, [], m)
+        return hand_fallback_fill(block, step, [7, 5, 9, 4, 6])
 
     new, written = fill([False, True, False, False, False])
     assert new.tolist() == [[7, 3, 9, 4, 6]] and written.tolist() == [[False, True, True, True, True]]
