@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import decode_task_errors, kinds_table  # noqa: E402
 
 KINDS = ("status", "lines", "zones", "field", "json")
-_STATUS_LINE = re.compile(r"^(?:Z\d+: (?:Z\d+(?:=Z\d+)? no, )*(?:Z\d+=)?)?(Z\d+) (\w+)\.$")  # after any checks
+# after any checks; with the task option `radii`, the radius after it (`Z20 active, 800 m = 0.8 km.`)
+_STATUS_LINE = re.compile(r"^(?:Z\d+: (?:Z\d+(?:=Z\d+)? no, )*(?:Z\d+=)?)?(Z\d+) (\w+)(?:, [^=]+ = [\d.]+ km)?\.$")
 _CHECK_NO = re.compile(r"(?<= )no(?=,)")  # a written check's word (task option `checks`)
 _MODIFIER = re.compile(r"^NOTICE Z\d+ (CANCELLED|AMENDED)")
 

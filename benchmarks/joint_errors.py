@@ -55,13 +55,15 @@ def line_parts(line: str) -> tuple[str, str, str, str, str] | None:
     unparsable: `2. Is Kim cleared? Kim is rested. Anyone who is licensed and rested is cleared.
     licensed: rested no. no` (the checks, `licensed: rested no.`, paired `rested=licensed no.`,
     signed `rested=licensed-.` or the roster's lookups `licensed=no.`,
-    start at the first word with a colon or an equals sign; empty without the `checks` task option)."""
+    start at the first word with a colon or an equals sign; empty without the `checks` task option;
+    keyed rules, `cleared: licensed and rested.`, are written without checks)."""
     question, sep, rest = line.partition("? ")
     fact, sep2, rest = rest.partition(". ")
     if not (sep and sep2):
         return None
     body, _, verdict = rest.rpartition(" ")
-    mark = min((at for at in (body.find(":"), body.find("=")) if at >= 0), default=-1)
+    marks = (body.find(":"), body.find("=")) if CHECK_WORD.search(body) else ()  # keyed rules have no checks
+    mark = min((at for at in marks if at >= 0), default=-1)
     split = len(body) if mark < 0 else body.rfind(" ", 0, mark) + 1
     return question, fact, body[:split].rstrip(), body[split:], verdict
 
@@ -90,9 +92,9 @@ def stated(line: str) -> int:
     """How many properties the pilot's fact line in a derivation line states (`Kim is a and b.`, or
     the roster's `Kim: a=yes, b=yes, c=no.`: 2)."""
     fact = line_parts(line)[1]
-    if ": " in fact:
+    if "=" in fact:
         return fact.count("=yes")
-    return 0 if fact.endswith("has none of these") else fact.count(",") + fact.count(" and ") + 1
+    return 0 if fact.endswith(("has none of these", ": none")) else fact.count(",") + fact.count(" and ") + 1
 
 
 def teacher_forced_table(model, tokenizer, examples) -> list[str]:

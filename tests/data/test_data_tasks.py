@@ -353,3 +353,61 @@ def test_task_difficulty_options():
     for s in range(30):  # without chain, no rule mentions a derived property as a condition
         rules = [l for l in get_task("joint").generate(s, "train").prompt.splitlines() if l.startswith("Anyone")]
         assert not any(w.strip(".,") in derived for r in rules for w in r.split(" is ")[1].split())
+
+
+@pytest.mark.parametrize("facts", ["stated", "keyed"])
+def test_joint_keyed_rules_and_facts_write_the_key_first(facts):
+    """With `rules="keyed"` each rule reads `cleared: licensed and rested.` in place of `Anyone who is
+    licensed and rested is cleared.`, in the prompt and in the derivation lines that copy it; with
+    `facts="keyed"` each fact line reads `Kim: licensed and rested.` (`Kim: none.`). The draws are the
+    sentence prompts' (same random stream): same pilots, questions and answers, the same lines
+    otherwise."""
+    sentence = get_task("joint", balanced=True)
+    keyed = get_task("joint", balanced=True, rules="keyed", facts=facts)
+    rule = re.compile(r"Anyone who is (.+?) is (\w+)\.")
+    fact = re.compile(r"\b([A-Z][a-z]+) (?:is (.+?)|has (none) of these)\.")
+
+    def rekey(text: str) -> str:
+        text = rule.sub(r"\2: \1.", text)
+        return fact.sub(lambda m: f"{m[1]}: {m[2] or m[3]}.", text) if facts == "keyed" else text
+
+    kinds = set()
+    for seed in range(100):
+        a, b = sentence.sample(random.Random(seed)), keyed.sample(random.Random(seed))
+        assert (a.answer, a.meta) == (b.answer, b.meta) and keyed.score(b, b.answer)["correct"]
+        assert (b.prompt, b.reasoning) == (rekey(a.prompt), rekey(a.reasoning))
+        assert "Anyone" not in b.prompt + b.reasoning and not (facts == "keyed" and " is " in b.reasoning)
+        kinds |= {"derived" if any(b.meta["derived"]) else "base", "none" if "none" in b.prompt else "some"}
+    assert kinds == {"derived", "base", "none", "some"}
+    with pytest.raises(ValueError, match="rules='table' must be one of"):
+        get_task("joint", rules="table")
+    with pytest.raises(ValueError, match="keyed rules or facts are written without checks"):
+        get_task("joint", facts=facts, rules="keyed", checks="paired")
+
+
+def test_airspace_radii_write_each_listed_zone_radius_as_worded_and_in_km():
+    """With `radii=True` the line of each zone the answer lists ends with its radius as the latest
+    notice that gave one words it, then in km as the JSON writes it; cancelled zones' lines do not
+    change, and the prompts and answers are those drawn without the option."""
+    plain, radii = get_task("airspace", max_notices=6), get_task("airspace", max_notices=6, radii=True)
+    line = re.compile(r"^(Z\d+) (active|amended), (.+) = (\d+\.\d) km\.$")
+    units = set()
+    for seed in range(200):
+        a, b = plain.sample(random.Random(seed)), radii.sample(random.Random(seed))
+        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta) and radii.score(b, b.answer)["correct"]
+        listed = {z["id"]: z["radius_km"] for z in b.meta["zones"]}
+        for before, after in zip(a.reasoning.splitlines(), b.reasoning.splitlines()):
+            zone_id = before.split()[0]
+            if zone_id not in listed:
+                assert after == before and before.endswith(" cancelled.")
+                continue
+            m = line.match(after)
+            assert m and f"{m[1]} {m[2]}." == before and float(m[4]) == listed[zone_id]
+            worded = [n for n in b.prompt.splitlines() if zone_id in n and (" radius" in n or "AMENDED: radius" in n)]
+            assert m[3] in worded[-1]  # the latest notice that gave the radius
+            number, unit = re.fullmatch(r"([\d.]+) ?(\w+)", m[3]).groups()
+            assert float(number) / (1000 if unit in ("m", "metres") else 1) == float(m[4])
+            units.add(unit)
+    assert units == {"m", "metres", "km", "kilometres"}
+    with pytest.raises(ValueError, match="radii=True writes no checks"):
+        get_task("airspace", radii=True, checks="paired")

@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -12,6 +13,11 @@ from clover.data.tasks.airspace import AirspaceTask
 from benchmark_script import load_benchmark
 
 airspace_errors = load_benchmark("airspace_errors")
+LAYOUTS = ["", "listed", "paired", "radii"]  # `checks`, or the radius written after each status
+
+
+def _options(layout: str) -> dict:
+    return {"radii": True} if layout == "radii" else {"checks": layout}
 
 
 def _example(**options):
@@ -28,9 +34,9 @@ def _output(lines, zones):
     return "<think>\n" + "\n".join(lines) + "\n</think>\n\n" + json.dumps(zones, separators=(",", ":"))
 
 
-@pytest.mark.parametrize("checks", ["", "listed", "paired"])
+@pytest.mark.parametrize("checks", LAYOUTS)
 def test_each_part_of_an_answer_is_told_apart(checks):
-    example = _example(checks=checks)
+    example = _example(**_options(checks))
     lines, zones = example.reasoning.splitlines(), example.meta["zones"]
     amended = next(z for z, kind in example.meta["modified"].items() if kind == "radius")
     active = next(z["id"] for z in zones if z["id"] not in example.meta["modified"])
@@ -52,16 +58,18 @@ def test_each_part_of_an_answer_is_told_apart(checks):
     assert got[0] == "field" and got[1].startswith(f"location (copied) of {active}: 'Nowhere'")
 
 
-@pytest.mark.parametrize("checks", ["", "listed", "paired"])
+@pytest.mark.parametrize("checks", LAYOUTS)
 def test_answer_spans_cover_each_status_word_and_value(tokenizer, checks):
     """The teacher-forced table labels the chat answer's characters: each status span is that
     line's status word (the last word, after the checks), each value span a JSON value, amended
     exactly where a modifier replaced it."""
-    example = _example(checks=checks)
-    assert (": " in example.reasoning) == bool(checks)
+    example = _example(**_options(checks))
+    assert (": " in example.reasoning) == (checks in ("listed", "paired"))
+    assert (" km." in example.reasoning) == (checks == "radii")
     answer = format_chat(tokenizer, example, enable_thinking=True).answer
     spans = airspace_errors.answer_spans(example, answer)
-    statuses = [line.split()[-1].rstrip(".") for line in example.reasoning.splitlines()]
+    statuses = [re.sub(r", [^,]* km\.$", "", line).split()[-1].rstrip(".")  # the radius written after, cut
+                for line in example.reasoning.splitlines()]
     assert [answer[a:b] for row, a, b in spans if row.startswith("status")] == statuses
     assert [row for row, _, _ in spans if row.startswith("status")] == [f"status {s}" for s in statuses]
     assert [answer[a:b] for row, a, b in spans if row == "check no"] == ["no"] * example.reasoning.count(" no,")

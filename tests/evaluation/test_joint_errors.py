@@ -1,21 +1,31 @@
 """`benchmarks/joint_errors.py` names the first part of a `joint` derivation that went wrong."""
 
 import random
+import re
 
 import pytest
 import torch
 
 from clover.data import eval_examples, get_task
-from clover.data.tasks.joint import JointTask
+from clover.data.tasks.joint import DERIVED, JointTask
 from benchmark_script import load_benchmark
 
 joint_errors = load_benchmark("joint_errors")
 FLIP = {"yes": "no", "no": "yes", "+": "-", "-": "+"}
-LAYOUTS = ["", "listed", "paired", "signed", "signed_all", "roster"]  # `checks`, or the roster's lookups
+# `checks`, the roster's lookups, keyed rules, keyed rules and fact lines
+LAYOUTS = ["", "listed", "paired", "signed", "signed_all", "roster", "keyed", "keyed lines"]
+KEYED_RULE = re.compile(rf"\. ({'|'.join(DERIVED)}): ")  # `... rested. cleared: licensed and rested. no`
 
 
 def _options(layout: str) -> dict:
+    if layout.startswith("keyed"):
+        return {"rules": "keyed"} | ({"facts": "keyed"} if layout == "keyed lines" else {})
     return {"facts": "roster"} if layout == "roster" else {"checks": layout}
+
+
+def _has_rule(line: str) -> bool:
+    """Whether a derivation line copies a rule (its question asks a derived property), in either form."""
+    return "Anyone who is" in line or bool(KEYED_RULE.search(line))
 
 
 def _example(**options):
@@ -39,16 +49,16 @@ def test_each_part_of_a_derivation_line_is_told_apart(checks):
     verdict = last.rsplit(" ", 1)[1]
     flipped = {"yes": "no", "no": "yes"}[verdict]
     question, fact, rules, written, _ = joint_errors.line_parts(last)
-    assert rules.startswith("Anyone who is") and rules.endswith(".") and verdict in ("yes", "no")
-    assert bool(written) == bool(checks) and ("Anyone" not in written)
+    assert _has_rule(last) and rules.endswith(".") and verdict in ("yes", "no")
+    assert bool(written) == bool(checks and not checks.startswith("keyed")) and ("Anyone" not in written)
     wrong = {
         "question": last.replace(question, question + "x", 1),
         "fact": last.replace(fact, fact + " and tired", 1),
-        "rule": last.replace(rules, rules.replace("Anyone", "Everyone"), 1),
+        "rule": last.replace(rules, "x" + rules, 1),
         "yes/no": last[: -len(verdict)] + flipped,
         "format": "3 Is",
     }
-    if checks:  # the first check's word flipped
+    if written:  # the first check's word flipped
         word = joint_errors.CHECK_WORD.search(written)
         wrong["checks"] = last.replace(written, written[:word.start()] + FLIP[word[0]]
                                        + written[word.end():], 1)
@@ -69,7 +79,7 @@ def test_part_spans_cover_each_part_of_a_line_in_order(checks):
         parts = [p for p in joint_errors.line_parts(line) if p]
         assert [line[a:b] for _, a, b in spans] == parts
         assert all(b1 <= a2 for (_, _, b1), (_, a2, _) in zip(spans, spans[1:]))
-        derived = "Anyone who is" in line
+        derived = _has_rule(line)
         assert ("rule" in [p for p, _, _ in spans]) == derived
         assert joint_errors.verdict_kind(line) == f"{'derived' if derived else 'base'} {line.rsplit(' ', 1)[1]}"
 
@@ -89,14 +99,15 @@ def test_teacher_forced_table_counts_every_line_once_per_part(model, tokenizer, 
     assert {part for part, value in alone.items() if value != "-"} == {
         part for part in totals if part == "yes/no" or part.startswith(("check ", "base ", "derived "))}
     assert totals["question"] == totals["yes/no"] == len(lines)
-    assert totals.get("rule", 0) == sum("Anyone who is" in line for line in lines)
+    assert totals.get("rule", 0) == sum(map(_has_rule, lines))
     kinds = [part for part in totals if part.startswith(("base", "derived"))]
     assert sum(totals[k] for k in kinds if "stated" not in k) == len(lines)
     for n in (1, 2):
         assert sum(totals[k] for k in kinds if k.endswith(f"{n} stated")) == \
             sum(joint_errors.stated(line) == n for line in lines)
     written = [joint_errors.line_parts(line)[3] for line in lines]
-    assert totals.get("checks", 0) == sum(map(bool, written)) and (totals.get("checks", 0) > 0) == bool(checks)
+    assert totals.get("checks", 0) == sum(map(bool, written))
+    assert (totals.get("checks", 0) > 0) == bool(checks and not checks.startswith("keyed"))
     assert sum(totals.get(f"check {w}", 0) for w in ("yes", "no")) == sum(
         len(joint_errors.CHECK_WORD.findall(text)) for text in written)
 
@@ -108,3 +119,5 @@ def test_stated_counts_the_properties_of_a_fact_line():
     assert joint_errors.stated("1. Is Kim insured? Kim has none of these. no") == 0
     roster_line = "1. Is Kim insured? Kim: rested=yes, insured=no, licensed=yes. insured=no. no"
     assert joint_errors.stated(roster_line) == 2
+    assert joint_errors.stated("1. Is Kim cleared? Kim: licensed and rested. cleared: rested. yes") == 2
+    assert joint_errors.stated("1. Is Kim insured? Kim: none. no") == 0

@@ -177,6 +177,8 @@ CURRICULUM_PARENTS = {
     "curriculum_suffix4_cpu": "curriculum_suffix3_cpu",
     "curriculum_lookups_cpu": "curriculum_suffix3_cpu",
     "curriculum_suffix5_cpu": "curriculum_suffix4_cpu",
+    "curriculum_keyed_rules_cpu": "curriculum_suffix5_cpu",
+    "curriculum_keyed_lines_cpu": "curriculum_suffix5_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",

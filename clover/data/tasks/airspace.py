@@ -33,6 +33,13 @@ layouts: ``checks="listed"``: ``Z13: Z17 no, Z13 amended.``, ``Z17: Z13 no, Z17 
 ``Z13: Z17=Z13 no, Z13=Z13 amended.``, ``Z17: Z13=Z17 no, Z17 active.`` (each id written next to
 the zone's).
 
+With ``radii`` (a training option, off by default) the line of each zone left active (or amended)
+also writes its radius, first as its notice words it, then in km as the JSON will: ``Z56 active,
+2500 metres = 2.5 km.``, ``Z20 amended, 800 m = 0.8 km.``, ``Z31 active, 3km = 3.0 km.``. Metres to km
+is a shift of the decimal point that depends on how many digits the number has; written right after
+the number, the shift is read off the few tokens just written instead of a number found in the
+feed, and the JSON's radius then copies the km value from its zone's line.
+
 Scoring: the output is parsed as JSON; ``correct`` iff the parsed value equals the
 target (order included). Malformed JSON scores ``correct=False, valid_json=False``.
 ``zone_f1`` gives partial credit over exactly matching zones.
@@ -79,6 +86,7 @@ class _Zone:
     radius_tenths: int
     start: int
     end: int
+    radius_text: str = ""  # the radius as the latest notice that gave it words it
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -97,7 +105,7 @@ class AirspaceTask(Task):
 
     def __init__(self, min_notices: int = 1, max_notices: int = 4, nautical_miles: bool = False,
                  wordings: int = 1, time_forms: int = 2, reasoning: bool = True, modifiers_last: float = 0.0,
-                 checks: str = ""):
+                 checks: str = "", radii: bool = False):
         if not 1 <= min_notices <= max_notices <= MAX_NOTICES:
             raise ValueError(f"need 1 <= min_notices <= max_notices <= {MAX_NOTICES}, "
                              f"got {min_notices}..{max_notices}")
@@ -115,6 +123,9 @@ class AirspaceTask(Task):
         self.reasoning = reasoning  # write each zone's fate in the think block (else an empty one)
         self.modifiers_last = modifiers_last
         self.checks = check_layout(checks, reasoning)  # check later notices' ids before each status
+        if radii and self.checks:
+            raise ValueError(f"radii=True writes no checks, got checks={checks!r}")
+        self.radii = radii  # write each listed zone's radius as worded and in km after its status
 
     def sample(self, rng: random.Random) -> Example:
         n = rng.randint(self.min_notices, self.max_notices)
@@ -134,15 +145,20 @@ class AirspaceTask(Task):
         prompt = INSTRUCTION + "\n" + "\n".join(lines)
         answer = json.dumps(target, separators=(",", ":"), ensure_ascii=False)
         ids = [zone_id for zone_id, _ in feed]
-        reasoning = "\n".join(self._status_line(z.id, ids, modified) for z in zones) if self.reasoning else ""
+        reasoning = "\n".join(self._status_line(z, ids, modified) for z in zones) if self.reasoning else ""
         return Example(prompt, answer, self.name, {"zones": target, "n_notices": n, "modified": modified},
                        reasoning)
 
-    def _status_line(self, zone_id: str, ids: list[str], modified: dict[str, str]) -> str:
-        """``Z20 amended.``; with checks, the ids of the notices after the zone's own, up to its
-        modifier, first: ``Z20: Z31 no, Z20 amended.`` or paired ``Z20: Z31=Z20 no, Z20=Z20
-        amended.`` (``ids``: each notice's zone id, in order)."""
-        status = f"{zone_id} {_STATUS.get(modified.get(zone_id), 'active')}."
+    def _status_line(self, zone: _Zone, ids: list[str], modified: dict[str, str]) -> str:
+        """``Z20 amended.``; with radii, a listed zone's radius after it: ``Z20 amended, 800 m = 0.8
+        km.``; with checks, the ids of the notices after the zone's own, up to its modifier, first:
+        ``Z20: Z31 no, Z20 amended.`` or paired ``Z20: Z31=Z20 no, Z20=Z20 amended.`` (``ids``: each
+        notice's zone id, in order)."""
+        zone_id = zone.id
+        status = f"{zone_id} {_STATUS.get(modified.get(zone_id), 'active')}"
+        if self.radii and zone.radius_tenths > 0:
+            return f"{status}, {zone.radius_text} = {zone.radius_tenths / 10} km."
+        status += "."
         if not self.checks:
             return status
         later = ids[ids.index(zone_id) + 1:]
@@ -211,11 +227,13 @@ class AirspaceTask(Task):
         if kind == "nm":
             nm_tenths = rng.randint(2, 43)
             zone.radius_tenths = (nm_tenths * 1852 + 500) // 1000
-            return f"{_tenths_text(nm_tenths)} NM"
-        if kind == "m":
-            return rng.choice(("{} m", "{} metres")).format(zone.radius_tenths * 100)
-        km = _tenths_text(zone.radius_tenths)
-        return rng.choice(("{} km", "{} kilometres", "{}km")).format(km)
+            zone.radius_text = f"{_tenths_text(nm_tenths)} NM"
+        elif kind == "m":
+            zone.radius_text = rng.choice(("{} m", "{} metres")).format(zone.radius_tenths * 100)
+        else:
+            km = _tenths_text(zone.radius_tenths)
+            zone.radius_text = rng.choice(("{} km", "{} kilometres", "{}km")).format(km)
+        return zone.radius_text
 
 
 def _tenths_text(tenths: int) -> str:

@@ -1,7 +1,7 @@
 """``joint``: rules + facts about pilots, then 2..4 linked yes/no questions answered at once.
 
 World: 3 base properties (drawn from ``_BASE``) and 2 derived properties (from
-``_DERIVED``; ``max_rules=3`` allows a third). Each derived property has one rule,
+``DERIVED``; ``max_rules=3`` allows a third). Each derived property has one rule,
 "Anyone who is A and B is D." (or a single condition) over the base properties; with
 ``chain=True`` a rule's conditions include the previous derived property, so rules chain.
 Up to ``max_questions`` (at most 8) questions. Facts give each pilot a subset of the base properties. Closed world: a
@@ -46,6 +46,15 @@ and rested is cleared. licensed=no, rested=yes. no`` (a base property: ``rested=
 lookup copies the value that follows the condition in the line just written, and the answer is yes
 when every looked-up value is; no step has to notice that a word is missing from a line.
 
+With ``rules="keyed"`` (the default is ``"sentence"``) each rule is written with its derived property
+first, as a list of requirements is, ``cleared: licensed and rested.`` in place of ``Anyone who is
+licensed and rested is cleared.``; with ``facts="keyed"`` each fact line names the pilot the same
+way, ``Kim: licensed and rested.`` (``Kim: none.`` when nothing is stated). A derivation line copies
+the rule by the property it asks about: in the sentence form the conditions come before that
+property, so the copy has to find them from the end of their line; keyed, the property is the
+token right before the conditions, as the name is before a fact line's properties, so each copy
+follows its key. ``2. Is Kim cleared? Kim: rested. cleared: licensed and rested. no``.
+
 With ``ask_derived=False`` (a training option; derived properties are asked by default) every question
 asks a base property: the rules are still given, but no line needs them, so each answer is one check
 of the fact line.
@@ -73,10 +82,12 @@ MIN_QUESTIONS, MAX_QUESTIONS = 2, 8
 INSTRUCTION = "Answer every question with yes or no, all on one line."
 
 _BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
-_DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
+DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
 _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its checks in two more layouts
 # the prompt's facts, by form, under their heading: closed-world sentences, or every value listed
-_FACT_HEADINGS = {"stated": "Facts (nothing else is true):", "roster": "Roster:"}
+_FACT_HEADINGS = {"stated": "Facts (nothing else is true):", "keyed": "Facts (nothing else is true):",
+                  "roster": "Roster:"}
+RULE_FORMS = ("sentence", "keyed")  # "Anyone who is a and b is d." or "d: a and b."
 _SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
 
@@ -90,7 +101,7 @@ class JointTask(Task):
 
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
                  chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: str = "",
-                 facts: str = "stated", ask_derived: bool = True):
+                 facts: str = "stated", rules: str = "sentence", ask_derived: bool = True):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
@@ -104,6 +115,11 @@ class JointTask(Task):
         if facts == "roster" and (chain or checks):
             raise ValueError(f"facts='roster' writes its own lookups of base properties: it needs "
                              f"chain=False and checks='', got chain={chain}, checks={checks!r}")
+        if rules not in RULE_FORMS:
+            raise ValueError(f"rules={rules!r} must be one of {RULE_FORMS}")
+        if "keyed" in (rules, facts) and checks:
+            raise ValueError(f"keyed rules or facts are written without checks (a keyed line reads like a "
+                             f"listed check), got rules={rules!r}, facts={facts!r}, checks={checks!r}")
         self.min_questions = min_questions
         self.max_questions = max_questions
         self.max_rules = max_rules
@@ -112,6 +128,7 @@ class JointTask(Task):
         self.balanced = balanced
         self.checks = checks  # write each condition's check against the fact line before the answer
         self.facts = facts
+        self.rules = rules
         self.ask_derived = ask_derived  # else every question asks a base property
 
     def sample(self, rng: random.Random) -> Example:
@@ -132,7 +149,7 @@ class JointTask(Task):
         pairs.sort()
         questions = [(people[i], props[j]) for i, j in pairs]
         answers = [prop in truth[p] for p, prop in questions]
-        prompt = _render(rules, people, facts, base, questions, self.facts)
+        prompt = _render(rules, people, facts, base, questions, self.facts, self.rules)
         answer = " ".join(f"{k}:{_yn(a)}" for k, a in enumerate(answers, 1))
         derived = [prop in dict(rules) for _, prop in questions]
         reasoning = "\n".join(
@@ -147,7 +164,7 @@ class JointTask(Task):
         behind = _rules_behind(prop, rules)
         conditions = behind[0][1] if behind else (prop,)
         words = [f"{k}. Is {pilot} {prop}?", _fact_line(pilot, held, base, self.facts),
-                 *map(_rule_line, behind)]
+                 *(_rule_line(rule, self.rules) for rule in behind)]
         if self.facts == "roster":
             words.append(_values(conditions, held))
         elif self.checks:
@@ -208,7 +225,7 @@ def _rules(rng: random.Random, base: list[str], max_rules: int, chain: bool) -> 
     ``chain`` from known ones including the previous derived property (a chain)."""
     known = list(base)
     rules: list[Rule] = []
-    for derived in rng.sample(_DERIVED, rng.randint(2, max_rules)):
+    for derived in rng.sample(DERIVED, rng.randint(2, max_rules)):
         k = rng.choice((1, 2, 2))
         conds = rng.sample(known, k)
         if chain and rules and rules[-1][0] not in conds:
@@ -241,9 +258,9 @@ def _rules_behind(prop: str, rules: list[Rule]) -> list[Rule]:
     return [(d, conds) for d, conds in rules if d in needed]
 
 
-def _rule_line(rule: Rule) -> str:
+def _rule_line(rule: Rule, form: str) -> str:
     derived, conds = rule
-    return f"Anyone who is {_join(conds)} is {derived}."
+    return f"{derived}: {_join(conds)}." if form == "keyed" else f"Anyone who is {_join(conds)} is {derived}."
 
 
 def _checks(held_in_order: list[str], conditions: tuple[str, ...], layout: str) -> str:
@@ -285,6 +302,8 @@ def _fact_line(person: str, held: set[str], base: list[str], form: str) -> str:
     if form == "roster":
         return f"{person}: {_values(base, held)}"
     held_in_order = [b for b in base if b in held]
+    if form == "keyed":
+        return f"{person}: {_join(held_in_order) if held_in_order else 'none'}."
     return f"{person} is {_join(held_in_order)}." if held_in_order else f"{person} has none of these."
 
 
@@ -295,8 +314,9 @@ def _render(
     base: list[str],
     questions: list[tuple[str, str]],
     form: str,
+    rule_form: str,
 ) -> str:
-    rule_lines = [_rule_line(rule) for rule in rules]
+    rule_lines = [_rule_line(rule, rule_form) for rule in rules]
     fact_lines = [_fact_line(p, facts[p], base, form) for p in people]
     q_lines = [f"{k}. Is {p} {prop}?" for k, (p, prop) in enumerate(questions, 1)]
     return "\n".join(
