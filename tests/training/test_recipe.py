@@ -179,6 +179,10 @@ CURRICULUM_PARENTS = {
     "curriculum_suffix5_cpu": "curriculum_suffix4_cpu",
     "curriculum_keyed_rules_cpu": "curriculum_suffix5_cpu",
     "curriculum_keyed_lines_cpu": "curriculum_suffix5_cpu",
+    "curriculum_radii_cpu": "curriculum_suffix5_cpu",
+    "curriculum_suffix6_cpu": "curriculum_suffix5_cpu",
+    "curriculum_suffix7_cpu": "curriculum_suffix6_cpu",
+    "curriculum_joint6_cpu": "curriculum_suffix6_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
