@@ -38,7 +38,9 @@ also writes its radius, first as its notice words it, then in km as the JSON wil
 2500 metres = 2.5 km.``, ``Z20 amended, 800 m = 0.8 km.``, ``Z31 active, 3km = 3.0 km.``. Metres to km
 is a shift of the decimal point that depends on how many digits the number has; written right after
 the number, the shift is read off the few tokens just written instead of a number found in the
-feed, and the JSON's radius then copies the km value from its zone's line.
+feed, and the JSON's radius then copies the km value from its zone's line. Measured from the
+embedded model's stage 14, 1,500 steps did not learn the lines, and they cost the copies after them
+(BENCHMARKS.md, "Two more stages").
 
 Scoring: the output is parsed as JSON; ``correct`` iff the parsed value equals the
 target (order included). Malformed JSON scores ``correct=False, valid_json=False``.

@@ -53,7 +53,8 @@ way, ``Kim: licensed and rested.`` (``Kim: none.`` when nothing is stated). A de
 the rule by the property it asks about: in the sentence form the conditions come before that
 property, so the copy has to find them from the end of their line; keyed, the property is the
 token right before the conditions, as the name is before a fact line's properties, so each copy
-follows its key. ``2. Is Kim cleared? Kim: rested. cleared: licensed and rested. no``.
+follows its key. ``2. Is Kim cleared? Kim: rested. cleared: licensed and rested. no``. Measured from
+the embedded model's stage 14, the keyed forms copied no better (BENCHMARKS.md, "Two more stages").
 
 With ``ask_derived=False`` (a training option; derived properties are asked by default) every question
 asks a base property: the rules are still given, but no line needs them, so each answer is one check
@@ -84,7 +85,7 @@ INSTRUCTION = "Answer every question with yes or no, all on one line."
 _BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
 DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
 _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its checks in two more layouts
-# the prompt's facts, by form, under their heading: closed-world sentences, or every value listed
+# the prompt's facts, by form, under their heading: closed-world sentences, keyed lines, or every value listed
 _FACT_HEADINGS = {"stated": "Facts (nothing else is true):", "keyed": "Facts (nothing else is true):",
                   "roster": "Roster:"}
 RULE_FORMS = ("sentence", "keyed")  # "Anyone who is a and b is d." or "d: a and b."
