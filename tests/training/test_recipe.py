@@ -183,6 +183,8 @@ CURRICULUM_PARENTS = {
     "curriculum_suffix6_cpu": "curriculum_suffix5_cpu",
     "curriculum_suffix7_cpu": "curriculum_suffix6_cpu",
     "curriculum_joint6_cpu": "curriculum_suffix6_cpu",
+    "curriculum_suffix8_cpu": "curriculum_suffix7_cpu",
+    "curriculum_joint6b_cpu": "curriculum_suffix7_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
