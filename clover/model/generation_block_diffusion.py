@@ -85,11 +85,11 @@ def denoise_step(logits: torch.Tensor, block: torch.Tensor, batch: DecodeBatch, 
     fill = candidate & (confidence > cfg.threshold)
     if cfg.fill == "prefix":
         fill = filled_prefix(fill, masked, columns)
-    fallback = candidate.any(-1) & ~fill.any(-1)  # nothing passed
-    if cfg.fallback == "causal":  # the causal pass fills these rows; under the prefix rule, what the run left open
-        if cfg.fill == "prefix":
-            fallback = (candidate & ~fill).any(-1)
-    else:
+    if cfg.fallback == "causal" and cfg.fill == "prefix":  # the causal pass completes what the run left open
+        fallback = (candidate & ~fill).any(-1)
+    else:  # nothing passed
+        fallback = candidate.any(-1) & ~fill.any(-1)
+    if cfg.fallback != "causal":  # SPEC §4: the most confident position (else the causal pass fills the row)
         idx = torch.arange(columns.shape[0], device=block.device)
         fill |= (idx == confidence.argmax(-1, keepdim=True)) & fallback[:, None]
     new_block, filled = block.clone(), torch.zeros_like(masked)

@@ -86,8 +86,8 @@ _BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certi
 DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
 _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its checks in two more layouts
 # the prompt's facts, by form, under their heading: closed-world sentences, keyed lines, or every value listed
-_FACT_HEADINGS = {"stated": "Facts (nothing else is true):", "keyed": "Facts (nothing else is true):",
-                  "roster": "Roster:"}
+_CLOSED_WORLD = "Facts (nothing else is true):"
+_FACT_HEADINGS = {"stated": _CLOSED_WORLD, "keyed": _CLOSED_WORLD, "roster": "Roster:"}
 RULE_FORMS = ("sentence", "keyed")  # "Anyone who is a and b is d." or "d: a and b."
 _SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
