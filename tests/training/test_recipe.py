@@ -185,6 +185,10 @@ CURRICULUM_PARENTS = {
     "curriculum_joint6_cpu": "curriculum_suffix6_cpu",
     "curriculum_suffix8_cpu": "curriculum_suffix7_cpu",
     "curriculum_joint6b_cpu": "curriculum_suffix7_cpu",
+    "curriculum_suffix9_cpu": "curriculum_suffix8_cpu",
+    "curriculum_long_cpu": "curriculum_suffix8_cpu",
+    "curriculum_suffix10_cpu": "curriculum_suffix9_cpu",
+    "curriculum_suffix11_cpu": "curriculum_suffix10_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
