@@ -189,6 +189,8 @@ CURRICULUM_PARENTS = {
     "curriculum_long_cpu": "curriculum_suffix8_cpu",
     "curriculum_suffix10_cpu": "curriculum_suffix9_cpu",
     "curriculum_suffix11_cpu": "curriculum_suffix10_cpu",
+    "curriculum_anneal3_cpu": "curriculum_suffix10_cpu",
+    "curriculum_anneal3_joint_cpu": "curriculum_suffix10_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
