@@ -191,6 +191,9 @@ CURRICULUM_PARENTS = {
     "curriculum_suffix11_cpu": "curriculum_suffix10_cpu",
     "curriculum_anneal3_cpu": "curriculum_suffix10_cpu",
     "curriculum_anneal3_joint_cpu": "curriculum_suffix10_cpu",
+    "curriculum_gpu_b128": "curriculum_suffix10_cpu",
+    "curriculum_gpu_grow6": "curriculum_suffix10_cpu",
+    "curriculum_gpu_b512": "curriculum_suffix10_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",

@@ -1,0 +1,59 @@
+#!/bin/bash
+# Train several recipes side by side on one GPU (the tiny model is launch-bound, so they share it
+# well), each fitted to FIT minutes (stopped at MAX), then pack each export into $OUT for the trip
+# back: NAME.tar, split into 15 MB parts when larger, and logs.tar.
+# Usage (on the device machine, from the repo root): benchmarks/gpu_stages.sh RECIPE.json...
+# On this workplace's H200 (BENCHMARKS.md, "Stage 19 on one H200"): the tree that travels must stay
+# under 64 MiB, so take checkpoints/ out of the index for the call (git rm -r -q checkpoints; after:
+# git reset -q -- checkpoints && git checkout -- checkpoints), and carry wheels of the pinned
+# transformers and of pydantic (with its dependencies), which the image lacks, in WHEELS.
+# Env: DEVICE (cuda), INIT (the checkpoint every recipe starts from), FIT, MAX (minutes),
+# WHEELS (a folder of wheels to install first), OUT (where the packs go).
+set -u
+DEVICE=${DEVICE:-cuda}; FIT=${FIT:-5.5}; MAX=${MAX:-6.8}; INIT=${INIT:-clover/assets/clover-tiny}
+OUT=${OUT:?set OUT}
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
+PY=${PY:-python3}
+$PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+[ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+mkdir -p /tmp/gpu_logs
+sampler=
+if [ "$DEVICE" = cuda ]; then  # GPU load every 30 s, for the record
+  (while sleep 30; do nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader; done) \
+    > /tmp/gpu_logs/util.log 2>&1 < /dev/null &
+  sampler=$!
+fi
+names=(); pids=()
+for recipe in "$@"; do
+  name=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['name'])" "$recipe")
+  $PY -m clover.cli.main train "$recipe" --init "$INIT" --device "$DEVICE" --fit-minutes "$FIT" \
+    --max-minutes "$MAX" --no-progress > /tmp/gpu_logs/$name.out 2>&1 &
+  names+=("$name"); pids+=($!)
+  echo "started $name pid $!"
+done
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}"; echo "${names[$i]} exit $? at $(date +%T)"
+done
+[ -n "$sampler" ] && kill "$sampler"
+for name in "${names[@]}"; do
+  dir=runs/$name
+  tail -n 4 /tmp/gpu_logs/$name.out
+  cp "$dir"/train.log /tmp/gpu_logs/$name.train.log 2>/dev/null
+  cp "$dir"/fit.json /tmp/gpu_logs/$name.fit.json 2>/dev/null
+  cp "$dir"/metrics.jsonl /tmp/gpu_logs/$name.metrics.jsonl 2>/dev/null
+  [ -d "$dir/final" ] || continue
+  tar -cf /tmp/$name.tar -C "$dir" final recipe.json
+  if [ "$(stat -c %s /tmp/$name.tar)" -gt 15000000 ]; then
+    split -b 15000000 -d /tmp/$name.tar "$OUT/$name.tar.part"
+  else
+    cp /tmp/$name.tar "$OUT/"
+  fi
+done
+tar -cf "$OUT/logs.tar" -C /tmp gpu_logs
+ls -la "$OUT"
