@@ -1,16 +1,18 @@
 #!/bin/bash
-# Train several recipes side by side on one GPU (the tiny model is launch-bound, so they share it
-# well), each fitted to FIT minutes (stopped at MAX), then pack each export into $OUT for the trip
-# back: NAME.tar, split into 15 MB parts when larger, and logs.tar.
+# Train several recipes side by side on one GPU (three of the tiny model at batch 128-512 kept one
+# H200 99-100% busy), each fitted to FIT minutes (stopped at MAX), then pack each export into $OUT
+# for the trip back: NAME.tar, split into 15 MB parts when larger, and logs.tar.
 # Usage (on the device machine, from the repo root): benchmarks/gpu_stages.sh RECIPE.json...
 # On this workplace's H200 (BENCHMARKS.md, "Stage 19 on one H200"): the tree that travels must stay
 # under 64 MiB, so take checkpoints/ out of the index for the call (git rm -r -q checkpoints; after:
 # git reset -q -- checkpoints && git checkout -- checkpoints), and carry wheels of the pinned
 # transformers and of pydantic (with its dependencies), which the image lacks, in WHEELS.
-# Env: DEVICE (cuda), INIT (the checkpoint every recipe starts from), FIT, MAX (minutes),
+# Env: DEVICE (cuda), INIT (when set, the checkpoint every recipe starts from instead of its own
+# model.init, which must otherwise travel too), FIT, MAX (minutes),
 # WHEELS (a folder of wheels to install first), OUT (where the packs go).
 set -u
-DEVICE=${DEVICE:-cuda}; FIT=${FIT:-5.5}; MAX=${MAX:-6.8}; INIT=${INIT:-clover/assets/clover-tiny}
+DEVICE=${DEVICE:-cuda}; FIT=${FIT:-5.5}; MAX=${MAX:-6.8}
+init=(); [ -n "${INIT:-}" ] && init=(--init "$INIT")
 OUT=${OUT:?set OUT}
 if [ -n "${WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -32,7 +34,7 @@ fi
 names=(); pids=()
 for recipe in "$@"; do
   name=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['name'])" "$recipe")
-  $PY -m clover.cli.main train "$recipe" --init "$INIT" --device "$DEVICE" --fit-minutes "$FIT" \
+  $PY -m clover.cli.main train "$recipe" "${init[@]}" --device "$DEVICE" --fit-minutes "$FIT" \
     --max-minutes "$MAX" --no-progress > /tmp/gpu_logs/$name.out 2>&1 &
   names+=("$name"); pids+=($!)
   echo "started $name pid $!"
