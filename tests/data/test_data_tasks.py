@@ -206,6 +206,22 @@ def test_joint_without_derived_questions_asks_only_base_properties():
     assert any(get_task("joint").generate(seed, "train").meta["derived"].count(True) for seed in range(20))
 
 
+def test_joint_min_people_puts_more_pilots_in_a_prompt():
+    """`min_people` gives every prompt at least that many fact lines (pilots), still scored as before;
+    an out-of-range value is refused with the limit named."""
+    def pilots(ex):
+        return len(ex.prompt.split("Facts (nothing else is true):\n")[1].split("\nQuestions:")[0].splitlines())
+
+    for n in (2, 3):
+        task = get_task("joint", min_people=n, balanced=True)
+        for seed in range(100):
+            ex = task.generate(seed, "train")
+            assert pilots(ex) >= n and task.score(ex, ex.answer)["correct"]
+    assert min(pilots(get_task("joint").generate(seed, "train")) for seed in range(100)) == 1
+    with pytest.raises(ValueError, match="min_people must be 1..3, got 4"):
+        get_task("joint", min_people=4)
+
+
 @pytest.mark.parametrize("layout", ["listed", "paired", "signed", "signed_all"])
 def test_joint_checks_write_each_condition_against_the_fact_line(layout):
     """With `checks`, each line checks the asked property (or the rule's conditions, in order) against

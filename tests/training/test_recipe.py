@@ -196,6 +196,8 @@ CURRICULUM_PARENTS = {
     "curriculum_gpu_b512": "curriculum_suffix10_cpu",
     "curriculum_gpu_grow6_cpu": "curriculum_gpu_grow6",
     "curriculum_gpu_grow6_anneal_cpu": "curriculum_gpu_grow6",
+    "curriculum_pilots2_cpu": "curriculum_suffix10_cpu",
+    "curriculum_pilots3_cpu": "curriculum_suffix10_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",

@@ -60,6 +60,10 @@ With ``ask_derived=False`` (a training option; derived properties are asked by d
 asks a base property: the rules are still given, but no line needs them, so each answer is one check
 of the fact line.
 
+With ``min_people`` (a training option; 1 by default) a prompt has at least that many pilots, up
+to 3: the fact-line lookups that fail are those among several lines (BENCHMARKS.md, "Stage 19 on
+one H200"). The default draws exactly as before the option existed.
+
 With ``balanced`` (a training option, off by default) each question is drawn so that its answer
 is yes or no with equal odds, whatever the pilot's fact line holds. Drawn uniformly, a base property
 asked of a pilot with one stated property is "no" two times in three, and with two "yes" two times
@@ -80,6 +84,7 @@ from clover.data.tasks.base import CHECK_LAYOUTS, Example, Task, check_layout, c
 from clover.data.tasks.vocab import FIRST_NAMES
 
 MIN_QUESTIONS, MAX_QUESTIONS = 2, 8
+MAX_PEOPLE = 3  # pilots in a prompt
 INSTRUCTION = "Answer every question with yes or no, all on one line."
 
 _BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
@@ -102,10 +107,13 @@ class JointTask(Task):
 
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
                  chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: str = "",
-                 facts: str = "stated", rules: str = "sentence", ask_derived: bool = True):
+                 facts: str = "stated", rules: str = "sentence", ask_derived: bool = True,
+                 min_people: int = 1):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
+        if not 1 <= min_people <= MAX_PEOPLE:
+            raise ValueError(f"min_people must be 1..{MAX_PEOPLE}, got {min_people}")
         if max_rules not in (2, 3):
             raise ValueError(f"max_rules must be 2 or 3, got {max_rules}")
         if check_layout(checks, reasoning, _CHECK_LAYOUTS) and chain:
@@ -131,6 +139,7 @@ class JointTask(Task):
         self.facts = facts
         self.rules = rules
         self.ask_derived = ask_derived  # else every question asks a base property
+        self.min_people = min_people  # pilots in a prompt: at least this many (and enough for the questions)
 
     def sample(self, rng: random.Random) -> Example:
         base = rng.sample(_BASE, 3)
@@ -138,7 +147,7 @@ class JointTask(Task):
         props = base + [d for d, _ in rules]
         askable = len(props) if self.ask_derived else len(base)  # props[:askable] may be asked
         n_q = rng.randint(self.min_questions, self.max_questions)
-        n_people = rng.randint(-(-n_q // askable), 3)
+        n_people = rng.randint(max(-(-n_q // askable), self.min_people), MAX_PEOPLE)
         people = rng.sample(FIRST_NAMES, n_people)
         facts = {p: {b for b in base if rng.random() < 0.55} for p in people}
         truth = {p: _closure(facts[p], rules) for p in people}
