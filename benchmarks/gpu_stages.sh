@@ -1,7 +1,8 @@
 #!/bin/bash
 # Train several recipes side by side on one GPU (three of the tiny model at batch 128-512 kept one
 # H200 99-100% busy), each fitted to FIT minutes (stopped at MAX), then pack each export into $OUT
-# for the trip back: NAME.tar, split into 15 MB parts when larger, and logs.tar.
+# for the trip back: NAME.tar.part00, part01, ... (15 MB parts; `cat NAME.tar.part* | tar -x`), and
+# logs.tar.
 # Usage (on the device machine, from the repo root): benchmarks/gpu_stages.sh RECIPE.json...
 # On this workplace's H200 (BENCHMARKS.md, "Stage 19 on one H200"): the tree that travels must stay
 # under 64 MiB, so take checkpoints/ out of the index for the call (git rm -r -q checkpoints; after:
@@ -31,31 +32,25 @@ if [ "$DEVICE" = cuda ]; then  # GPU load every 30 s, for the record
     > /tmp/gpu_logs/util.log 2>&1 < /dev/null &
   sampler=$!
 fi
-names=(); pids=()
+names=(); dirs=(); pids=()
 for recipe in "$@"; do
-  name=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['name'])" "$recipe")
+  read -r name dir < <($PY -c "import sys; from clover.training.recipe import load_recipe
+r = load_recipe(sys.argv[1]); print(r.name, r.output_dir)" "$recipe")
   $PY -m clover.cli.main train "$recipe" "${init[@]}" --device "$DEVICE" --fit-minutes "$FIT" \
     --max-minutes "$MAX" --no-progress > /tmp/gpu_logs/$name.out 2>&1 &
-  names+=("$name"); pids+=($!)
+  names+=("$name"); dirs+=("$dir"); pids+=($!)
   echo "started $name pid $!"
 done
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"; echo "${names[$i]} exit $? at $(date +%T)"
 done
 [ -n "$sampler" ] && kill "$sampler"
-for name in "${names[@]}"; do
-  dir=runs/$name
+for i in "${!names[@]}"; do
+  name=${names[$i]}; dir=${dirs[$i]}
   tail -n 4 /tmp/gpu_logs/$name.out
-  cp "$dir"/train.log /tmp/gpu_logs/$name.train.log 2>/dev/null
-  cp "$dir"/fit.json /tmp/gpu_logs/$name.fit.json 2>/dev/null
-  cp "$dir"/metrics.jsonl /tmp/gpu_logs/$name.metrics.jsonl 2>/dev/null
+  for file in train.log fit.json metrics.jsonl; do cp "$dir/$file" "/tmp/gpu_logs/$name.$file" 2>/dev/null; done
   [ -d "$dir/final" ] || continue
-  tar -cf /tmp/$name.tar -C "$dir" final recipe.json
-  if [ "$(stat -c %s /tmp/$name.tar)" -gt 15000000 ]; then
-    split -b 15000000 -d /tmp/$name.tar "$OUT/$name.tar.part"
-  else
-    cp /tmp/$name.tar "$OUT/"
-  fi
+  tar -cf - -C "$dir" final recipe.json | split -b 15000000 -d - "$OUT/$name.tar.part"
 done
 tar -cf "$OUT/logs.tar" -C /tmp gpu_logs
 ls -la "$OUT"

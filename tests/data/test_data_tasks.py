@@ -16,6 +16,11 @@ NAMES = sorted(TASKS)
 _RADIUS = re.compile(r"(\d+(?:\.\d)?) ?(km|kilometres|metres|m|NM)\b")
 
 
+def _fact_lines(prompt: str) -> list[str]:
+    """A joint prompt's closed-world fact lines, one per pilot."""
+    return prompt.split("Facts (nothing else is true):\n")[1].split("\nQuestions:")[0].splitlines()
+
+
 def _radius_km(text: str) -> float:
     """Independent reading of the (single) radius phrase in ``text``, in km to 0.1."""
     (value, unit), = _RADIUS.findall(text)
@@ -209,15 +214,12 @@ def test_joint_without_derived_questions_asks_only_base_properties():
 def test_joint_min_people_puts_more_pilots_in_a_prompt():
     """`min_people` gives every prompt at least that many fact lines (pilots), still scored as before;
     an out-of-range value is refused with the limit named."""
-    def pilots(ex):
-        return len(ex.prompt.split("Facts (nothing else is true):\n")[1].split("\nQuestions:")[0].splitlines())
-
     for n in (2, 3):
         task = get_task("joint", min_people=n, balanced=True)
         for seed in range(100):
             ex = task.generate(seed, "train")
-            assert pilots(ex) >= n and task.score(ex, ex.answer)["correct"]
-    assert min(pilots(get_task("joint").generate(seed, "train")) for seed in range(100)) == 1
+            assert len(_fact_lines(ex.prompt)) >= n and task.score(ex, ex.answer)["correct"]
+    assert min(len(_fact_lines(get_task("joint").generate(seed, "train").prompt)) for seed in range(100)) == 1
     with pytest.raises(ValueError, match="min_people must be 1..3, got 4"):
         get_task("joint", min_people=4)
 
@@ -285,7 +287,7 @@ def test_joint_roster_lists_every_value_and_each_line_looks_up_its_conditions():
     for seed in range(200):
         a, b = stated.sample(random.Random(seed)), roster.sample(random.Random(seed))
         assert (a.answer, a.meta) == (b.answer, b.meta) and roster.score(b, b.answer)["correct"]
-        sentences = a.prompt.split("Facts (nothing else is true):\n")[1].split("\nQuestions:")[0].splitlines()
+        sentences = _fact_lines(a.prompt)
         rows = b.prompt.split("Roster:\n")[1].split("\nQuestions:")[0].splitlines()
         assert len(rows) == len(sentences)
         table = {}
