@@ -5,9 +5,10 @@ Contract:
     encodes to exactly one id wherever it appears in text, and is never split.
   * Byte-level: every UTF-8 string round-trips exactly,
     ``tok.decode(tok.encode(x)) == x`` (no prefix space, no clean-up of spaces).
-  * Digits are always single tokens and letters never merge with digits or with the
-    space or symbol before them, which makes numbers and names easy for a tiny model to
-    copy and compare (a word has one token sequence wherever it appears).
+  * Digits are always single tokens and letters never merge with digits or symbols, which
+    makes numbers and names easy for a tiny model to copy and compare. With the default
+    spacing ("own") a word never merges with a space either, so it has one token sequence
+    wherever it appears; the other spacings attach one space to a word (``SPACINGS``).
   * ``save_tokenizer`` writes a folder that ``transformers.AutoTokenizer.from_pretrained``
     loads offline, chat template included.
 """
@@ -43,28 +44,49 @@ SPECIAL_TOKENS: list[str] = [
 # and tool-call tags that separate reasoning and calls from the answer.
 TEXT_MARKERS: tuple[str, ...] = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
-# Pieces the BPE may merge inside (never across): an English contraction, a run of
-# letters (never with a leading space or symbol), one digit, a run of punctuation with an
-# optional leading space and trailing newlines, newline runs, other whitespace. A word is
-# therefore the same token wherever it appears (after a space, a quote, "=" or a line
-# start), so copying a name from a prompt into an answer is an identity copy.
-_SPLIT_PATTERN = (
-    r"'(?:[sdmt]|ll|ve|re)"
-    r"|\p{L}+"
-    r"|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+"
-    r"|\s+(?!\S)"
-    r"|\s+"
-)
+# Pieces the BPE may merge inside (never across), by how a word and the space next to it are
+# tokenized (`SPACINGS`). Every pattern splits off an English contraction, one digit, a run of
+# punctuation with trailing newlines, newline runs and other whitespace; they differ in where a
+# space goes:
+#   "own" (the shipped tokenizer): letters alone, never with a space or symbol, so a word is the same
+#     token wherever it appears (after a space, a quote, "=" or a line start) and copying a name is an
+#     identity copy, but every space between words is a token of its own: a lookup spans twice the
+#     tokens, and the next word is predicted from a space;
+#   "trailing": a word or punctuation run carries the one space after it ("Is Kim rested? Kim is" is
+#     `Is `, `Kim `, `rested`, `? `, `Kim `, `is `), so text has about half the tokens and a name,
+#     nearly always followed by a space, keeps one token; a word before punctuation is another token
+#     than the same word before a space;
+#   "leading": a word or punctuation run carries the one space before it, as GPT-2's and Qwen's
+#     tokenizers do, so a word at a line start is another token than the same word after a space.
+# (in "own" and "leading" a punctuation run takes the space before it, as the shipped tokenizer does)
+_PIECES = {  # spacing: (letters, punctuation)
+    "own": (r"\p{L}+", r" ?[^\s\p{L}\p{N}]+"),
+    "trailing": (r"\p{L}+ ?", r"[^\s\p{L}\p{N}]+ ?"),
+    "leading": (r" ?\p{L}+", r" ?[^\s\p{L}\p{N}]+"),
+}
+SPACINGS = tuple(_PIECES)
 
 
-def _build_backend() -> Tokenizer:
+def split_pattern(spacing: str = "own") -> str:
+    """The pre-tokenizer's regex for `spacing` (one of `SPACINGS`)."""
+    if spacing not in _PIECES:
+        raise ValueError(f"tokenizer spacing={spacing!r} is unknown; known: {list(SPACINGS)}")
+    letters, punctuation = _PIECES[spacing]
+    return (r"'(?:[sdmt]|ll|ve|re)"
+            rf"|{letters}"
+            r"|\p{N}"
+            rf"|{punctuation}[\r\n]*"
+            r"|\s*[\r\n]+"
+            r"|\s+(?!\S)"
+            r"|\s+")
+
+
+def _build_backend(spacing: str) -> Tokenizer:
     """An untrained BPE whose pre-tokenizer and decoder make it lossless on bytes."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.Split(Regex(split_pattern(spacing)), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -86,8 +108,9 @@ def wrap_backend(backend: Tokenizer) -> PreTrainedTokenizerFast:
     return tok
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE of at most ``vocab_size`` entries on ``texts``.
+def train_tokenizer(texts: Iterable[str], vocab_size: int, spacing: str = "own") -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE of at most ``vocab_size`` entries on ``texts``, splitting words
+    from spaces as ``spacing`` says (`SPACINGS`).
 
     The vocabulary always holds the special tokens (first ids) and all 256 byte symbols,
     so ``vocab_size`` must exceed ``len(SPECIAL_TOKENS) + 256``. Training consumes the
@@ -96,7 +119,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     floor = len(SPECIAL_TOKENS) + 256
     if vocab_size <= floor:
         raise ValueError(f"vocab_size must be > {floor}, got {vocab_size}")
-    backend = _build_backend()
+    backend = _build_backend(spacing)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,

@@ -6,7 +6,8 @@
       "device": "cpu", "num_threads": 2,
       "model": {"config": {<CloverMoeConfig fields>}} | {"init": "path/to/clover-checkpoint",
                                                           "grow_after": [<layer indices>]},
-      "tokenizer": {"train": true, "vocab_size": 3000, "n_examples": 3000, "seed": 0} | {"path": "dir"},
+      "tokenizer": {"train": true, "vocab_size": 3000, "n_examples": 3000, "seed": 0,
+                    "spacing": "own", "tasks": [...]} | {"path": "dir"},
       "data": {"source": "tasks", "tasks": ["airspace", "joint", "record"], "n_train": 20000,
                "seed": 0, "n_eval_per_task": 16, ...},
       "train": {<TrainConfig fields: steps, batch_size, block_size, alpha, eps, lr, ...>},
@@ -28,7 +29,7 @@ from typing import Any
 
 import pydantic
 
-from clover.data.tasks import task_names
+from clover.data.tasks import TASKS, task_names
 
 from .trainer import TrainConfig
 
@@ -56,6 +57,17 @@ class TokenizerRecipe:
     vocab_size: int = 3000
     n_examples: int = 3000
     seed: int = 0
+    spacing: str = "own"  # where a space between words goes (clover.data.tokenizer.SPACINGS)
+    tasks: tuple[str, ...] = ()  # train on these tasks' texts (empty: the recipe's data.tasks)
+
+    def __post_init__(self):
+        from clover.data.tokenizer import SPACINGS
+
+        if self.spacing not in SPACINGS:
+            raise ValueError(f"recipe.tokenizer.spacing={self.spacing!r} must be one of {list(SPACINGS)}")
+        unknown = sorted(set(self.tasks) - set(TASKS))
+        if unknown:
+            raise ValueError(f"recipe.tokenizer.tasks: unknown task(s) {unknown}; known: {sorted(TASKS)}")
 
 
 @dataclass(frozen=True)

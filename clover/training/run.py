@@ -51,9 +51,9 @@ def prepare_tokenizer(recipe: Recipe, run_dir: Path, dist: DistInfo):
         from clover.data.corpus import tokenizer_corpus, training_examples
         from clover.data.tokenizer import save_tokenizer, train_tokenizer
 
-        tasks = build_tasks(recipe.data.tasks, recipe.data.task_options)
+        tasks = build_tasks(spec.tasks or recipe.data.tasks, recipe.data.task_options)
         texts = tokenizer_corpus(training_examples(spec.n_examples, spec.seed, tasks))
-        save_tokenizer(train_tokenizer(texts, spec.vocab_size), saved)
+        save_tokenizer(train_tokenizer(texts, spec.vocab_size, spec.spacing), saved)
     barrier(dist)
     return load_tokenizer(saved)
 

@@ -90,3 +90,34 @@ def test_think_and_tool_call_tags_survive_skip_special_tokens():
         ids = tok(text, add_special_tokens=False).input_ids
         assert all(len(tok(m, add_special_tokens=False).input_ids) == 1 for m in TEXT_MARKERS)
         assert tok.decode(ids, skip_special_tokens=True) == text.replace("<|im_end|>", "")
+
+
+@pytest.fixture(scope="module", params=["trailing", "leading"])
+def spaced(request):
+    corpus = list(tokenizer_corpus(training_examples(300, seed=1)))
+    return request.param, train_tokenizer(corpus, vocab_size=1000, spacing=request.param)
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_spaced_round_trip(spaced, text):
+    _, tok = spaced
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_spacing_attaches_one_space_to_a_word(spaced, tok):
+    """`spacing` moves the space between two words into one of them; the shipped spacing ("own")
+    gives every such space a token of its own. Digits stay single tokens in every spacing."""
+    spacing, spaced_tok = spaced
+    text = "Kim is rested. Is Kim cleared? radius 12.75 km"
+    pieces = [spaced_tok.decode([i]) for i in spaced_tok.encode(text, add_special_tokens=False)]
+    assert "".join(pieces) == text
+    words = {"trailing": ["Kim ", "is ", "rested", ". "], "leading": ["Kim", " is", " rested", "."]}[spacing]
+    assert pieces[:4] == words
+    assert " " not in pieces[:3] and [p for p in pieces if any(c.isdigit() for c in p)] == ["1", "2", "7", "5"]
+    own = [tok.decode([i]) for i in tok.encode(text, add_special_tokens=False)]
+    assert own[:6] == ["Kim", " ", "is", " ", "rested", "."]
+
+
+def test_unknown_spacing_is_refused():
+    with pytest.raises(ValueError, match="spacing='tabs'.*'own', 'trailing', 'leading'"):
+        train_tokenizer(["x y"] * 10, vocab_size=300, spacing="tabs")

@@ -77,6 +77,26 @@ def test_train_resume_and_export(tmp_path, capsys):
     assert not (again / "tokenizer").exists() and (again / "final" / "tokenizer.json").exists()
 
 
+def test_a_trained_tokenizer_follows_its_spacing_and_tasks(tmp_path):
+    """`tokenizer.spacing` and `tokenizer.tasks` reach the trained tokenizer: trained on copy's texts
+    alone with trailing spaces, it keeps a copy word whole with its space (a merge learned from
+    those texts), while the run's data are other tasks."""
+    from clover.data.tasks import get_task
+    from clover.data.tokenizer import load_tokenizer
+
+    data = _recipe(tmp_path)
+    data["tokenizer"].update(spacing="trailing", tasks=["copy"])
+    data["data"].update(max_prompt_len=None, max_response_len=None)  # other tasks' words split into bytes
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(data))
+    assert main(["train", str(recipe), "--output", str(tmp_path / "run"), "--no-progress", "--max-steps", "0"]) == 0
+    tok = load_tokenizer(tmp_path / "run" / "tokenizer")
+    prompt = get_task("copy").generate(0, "train").prompt
+    pieces = [tok.decode([i]) for i in tok.encode(prompt, add_special_tokens=False)]
+    assert "".join(pieces) == prompt and any(p.endswith(" ") and p[:-1].isalpha() for p in pieces)
+    assert " " not in pieces[:2]
+
+
 def test_bad_recipe_is_a_clean_error(tmp_path, capsys):
     recipe = tmp_path / "bad.json"
     recipe.write_text(json.dumps({"model": {"config": TINY}, "train": {"steps": 1}}))

@@ -1,5 +1,6 @@
 """Recipes: strict parsing, YAML, overrides; the shipped recipes parse and build a model."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -37,6 +38,8 @@ def test_minimal_recipe_and_defaults():
     ({"data": {"tasks": ["joint"], "task_weights": {"record": 2}}}, r"task_weights=\{'record': 2\}"),
     ({"data": {"task_weights": {"joint": 0}}}, r"task_weights=\{'joint': 0\}"),
     ({"data": {"task_weights": {"jiont": 2}}}, r"task_weights=\{'jiont': 2\}.*'joint'"),  # all tasks
+    ({"tokenizer": {"train": True, "spacing": "tabs"}}, r"spacing='tabs' must be one of \['own', 'trailing'"),
+    ({"tokenizer": {"train": True, "tasks": ["jiont"]}}, r"tokenizer.tasks: unknown task\(s\) \['jiont'\]"),
 ])
 def test_bad_recipes_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
@@ -198,6 +201,8 @@ CURRICULUM_PARENTS = {
     "curriculum_gpu_grow6_anneal_cpu": "curriculum_gpu_grow6",
     "curriculum_pilots2_cpu": "curriculum_suffix10_cpu",
     "curriculum_pilots3_cpu": "curriculum_suffix10_cpu",
+    "curriculum_fresh_mix_gpu": "curriculum_check_cpu",
+    "curriculum_fresh_block_gpu": "curriculum_fresh_mix_gpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
@@ -232,3 +237,29 @@ def test_the_committed_curriculum_checkpoints_have_the_lineage_architecture(expo
     assert model.config.num_hidden_layers == 4 and model.config.vocab_size == shipped.vocab_size
     assert {k: getattr(model.config, k) for k in first.model.config if k != "rope_parameters"} == {
         k: v for k, v in first.model.config.items() if k != "rope_parameters"}
+
+
+# The third lineage: words carry a space (tokenizer `spacing`), from stage 1 of the second lineage's recipe.
+SPACED_PARENTS = {
+    "spaced_trailing_check_cpu": None,
+    "spaced_leading_check_cpu": None,
+    "spaced_trailing_mix_gpu": "spaced_trailing_check_cpu",
+    "spaced_trailing_block_gpu": "spaced_trailing_mix_gpu",
+}
+
+
+def test_spaced_stages_differ_from_the_second_lineage_in_the_tokenizer_alone():
+    """The spaced lineage's first stages are the second lineage's stage 1 with a tokenizer trained on
+    all four tasks' texts with words that carry a space, and its GPU stages the control's
+    (curriculum_fresh_*): the same model, data and schedule, the tokenizer and data seeds apart."""
+    stages = staged_recipes("spaced", SPACED_PARENTS)
+    control = load_recipe(ROOT / "recipes" / "curriculum_check_cpu.json")
+    for spacing in ("trailing", "leading"):
+        first = stages[f"spaced_{spacing}_check_cpu"]
+        assert first.tokenizer.train and first.tokenizer.spacing == spacing
+        assert set(first.tokenizer.tasks) == {"copy", "airspace", "joint", "record"}
+        assert first.model == control.model and first.train.lr == control.train.lr
+    for stage in ("mix", "block"):
+        spaced, fresh = (load_recipe(ROOT / "recipes" / f"{p}_{stage}_gpu.json") for p in ("spaced_trailing", "curriculum_fresh"))
+        assert dataclasses.replace(spaced.train, seed=0) == dataclasses.replace(fresh.train, seed=0)
+        assert dataclasses.replace(spaced.data, seed=0) == dataclasses.replace(fresh.data, seed=0)
