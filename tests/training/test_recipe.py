@@ -203,6 +203,7 @@ CURRICULUM_PARENTS = {
     "curriculum_pilots3_cpu": "curriculum_suffix10_cpu",
     "curriculum_fresh_mix_gpu": "curriculum_check_cpu",
     "curriculum_fresh_block_gpu": "curriculum_fresh_mix_gpu",
+    "curriculum_fresh_mix_cpu": "curriculum_check_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
@@ -245,21 +246,24 @@ SPACED_PARENTS = {
     "spaced_leading_check_cpu": None,
     "spaced_trailing_mix_gpu": "spaced_trailing_check_cpu",
     "spaced_trailing_block_gpu": "spaced_trailing_mix_gpu",
+    "spaced_trailing_mix_cpu": "spaced_trailing_check_cpu",
+    "spaced_trailing_block_cpu": "spaced_trailing_mix_cpu",
 }
+SPACED_EXPORTS = {"spaced_trailing_mix_cpu": "checkpoints/spaced-trailing-mix"}
 
 
 def test_spaced_stages_differ_from_the_second_lineage_in_the_tokenizer_alone():
     """The spaced lineage's first stages are the second lineage's stage 1 with a tokenizer trained on
     all four tasks' texts with words that carry a space, and its GPU stages the control's
     (curriculum_fresh_*): the same model, data and schedule, the tokenizer and data seeds apart."""
-    stages = staged_recipes("spaced", SPACED_PARENTS)
+    stages = staged_recipes("spaced", SPACED_PARENTS, SPACED_EXPORTS)
     control = load_recipe(ROOT / "recipes" / "curriculum_check_cpu.json")
     for spacing in ("trailing", "leading"):
         first = stages[f"spaced_{spacing}_check_cpu"]
         assert first.tokenizer.train and first.tokenizer.spacing == spacing
         assert set(first.tokenizer.tasks) == {"copy", "airspace", "joint", "record"}
         assert first.model == control.model and first.train.lr == control.train.lr
-    for stage in ("mix", "block"):
-        spaced, fresh = (load_recipe(ROOT / "recipes" / f"{p}_{stage}_gpu.json") for p in ("spaced_trailing", "curriculum_fresh"))
+    for stage in ("mix_gpu", "block_gpu", "mix_cpu"):
+        spaced, fresh = (load_recipe(ROOT / "recipes" / f"{p}_{stage}.json") for p in ("spaced_trailing", "curriculum_fresh"))
         assert dataclasses.replace(spaced.train, seed=0) == dataclasses.replace(fresh.train, seed=0)
         assert dataclasses.replace(spaced.data, seed=0) == dataclasses.replace(fresh.data, seed=0)
