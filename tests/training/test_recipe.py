@@ -248,6 +248,8 @@ SPACED_PARENTS = {
     "spaced_trailing_block_gpu": "spaced_trailing_mix_gpu",
     "spaced_trailing_mix_cpu": "spaced_trailing_check_cpu",
     "spaced_trailing_block_cpu": "spaced_trailing_mix_cpu",
+    "spaced_trailing_block_direct_gpu": "spaced_trailing_mix_cpu",
+    "spaced_trailing_block_direct_b64_gpu": "spaced_trailing_mix_cpu",
 }
 SPACED_EXPORTS = {"spaced_trailing_mix_cpu": "checkpoints/spaced-trailing-mix"}
 
