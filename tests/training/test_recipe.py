@@ -250,6 +250,8 @@ SPACED_PARENTS = {
     "spaced_trailing_block_cpu": "spaced_trailing_mix_cpu",
     "spaced_trailing_block_direct_gpu": "spaced_trailing_mix_cpu",
     "spaced_trailing_block_direct_b64_gpu": "spaced_trailing_mix_cpu",
+    "spaced_trailing_block_more_gpu": "spaced_trailing_block_direct_b64_gpu",
+    "spaced_trailing_block_joint_gpu": "spaced_trailing_block_direct_b64_gpu",
 }
 SPACED_EXPORTS = {"spaced_trailing_mix_cpu": "checkpoints/spaced-trailing-mix"}
 
