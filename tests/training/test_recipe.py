@@ -252,8 +252,13 @@ SPACED_PARENTS = {
     "spaced_trailing_block_direct_b64_gpu": "spaced_trailing_mix_cpu",
     "spaced_trailing_block_more_gpu": "spaced_trailing_block_direct_b64_gpu",
     "spaced_trailing_block_joint_gpu": "spaced_trailing_block_direct_b64_gpu",
+    "spaced_trailing_anneal_cpu": "spaced_trailing_block_more_gpu",
+    "spaced_trailing_suffix_cpu": "spaced_trailing_block_more_gpu",
 }
-SPACED_EXPORTS = {"spaced_trailing_mix_cpu": "checkpoints/spaced-trailing-mix"}
+SPACED_EXPORTS = {
+    "spaced_trailing_mix_cpu": "checkpoints/spaced-trailing-mix",
+    "spaced_trailing_block_more_gpu": "checkpoints/spaced-trailing-block-more",
+}
 
 
 def test_spaced_stages_differ_from_the_second_lineage_in_the_tokenizer_alone():
