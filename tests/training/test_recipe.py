@@ -254,10 +254,13 @@ SPACED_PARENTS = {
     "spaced_trailing_block_joint_gpu": "spaced_trailing_block_direct_b64_gpu",
     "spaced_trailing_anneal_cpu": "spaced_trailing_block_more_gpu",
     "spaced_trailing_suffix_cpu": "spaced_trailing_block_more_gpu",
+    "spaced_trailing_airspace_cpu": "spaced_trailing_anneal_cpu",
+    "spaced_trailing_airspace_low_cpu": "spaced_trailing_anneal_cpu",
 }
 SPACED_EXPORTS = {
     "spaced_trailing_mix_cpu": "checkpoints/spaced-trailing-mix",
     "spaced_trailing_block_more_gpu": "checkpoints/spaced-trailing-block-more",
+    "spaced_trailing_anneal_cpu": "checkpoints/spaced-trailing-anneal",
 }
 
 
