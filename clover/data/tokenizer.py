@@ -53,9 +53,9 @@ TEXT_MARKERS: tuple[str, ...] = ("<think>", "</think>", "<tool_call>", "</tool_c
 #     identity copy, but every space between words is a token of its own: a lookup spans twice the
 #     tokens, and the next word is predicted from a space;
 #   "trailing": a word or punctuation run carries the one space after it ("Is Kim rested? Kim is" is
-#     `Is `, `Kim `, `rested`, `? `, `Kim `, `is `), so text has fewer tokens (joint's examples a third
-#     fewer) and a name, nearly always followed by a space, keeps one token; a word before punctuation is another token
-#     than the same word before a space;
+#     `Is `, `Kim `, `rested`, `? `, `Kim `, `is `), so text has fewer tokens (joint's examples a
+#     third fewer) and a name, nearly always followed by a space, keeps one token; a word before
+#     punctuation is another token than the same word before a space;
 #   "leading": a word or punctuation run carries the one space before it, as GPT-2's and Qwen's
 #     tokenizers do, so a word at a line start is another token than the same word after a space.
 # (in "own" and "leading" a punctuation run takes the space before it, as the shipped tokenizer does)
