@@ -39,8 +39,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import decode_task_errors, kinds_table  # noqa: E402
 
 KINDS = ("status", "lines", "zones", "field", "json")
-# after any checks; with the task option `radii`, the radius after it (`Z20 active, 800 m = 0.8 km.`)
-_STATUS_LINE = re.compile(r"^(?:Z\d+: (?:Z\d+(?:=Z\d+)? no, )*(?:Z\d+=)?)?(Z\d+) (\w+)(?:, [^=]+ = [\d.]+ km)?\.$")
+# after any checks; with the task option `radii`, the radius after it (`Z20 active, 800 m = 0.8 km.`);
+# with `amendments`, an amended zone's notice as its status (`Z20 AMENDED: radius now 800 m.`)
+_STATUS_LINE = re.compile(r"^(?:Z\d+: (?:Z\d+(?:=Z\d+)? no, )*(?:Z\d+=)?)?(Z\d+) (\w+)"
+                          r"(?:, [^=]+ = [\d.]+ km|: (?:radius|window) now .+)?\.$")
 _CHECK_NO = re.compile(r"(?<= )no(?=,)")  # a written check's word (task option `checks`)
 _MODIFIER = re.compile(r"^NOTICE Z\d+ (CANCELLED|AMENDED)")
 
@@ -49,7 +51,7 @@ def status_lines(think: str) -> list[tuple[str, str]] | None:
     """`[(zone id, status)]` of a think block's lines, None if a line is not `Zxx status.` (after
     the checks `Zxx: Zyy no, ` or `Zxx: Zyy=Zxx no, Zxx=` with the task option `checks`)."""
     parsed = [_STATUS_LINE.match(line.strip()) for line in think.strip().splitlines()]
-    return None if not all(parsed) else [m.groups() for m in parsed]
+    return None if not all(parsed) else [(m[1], m[2].lower()) for m in parsed]
 
 
 def value_kind(meta: dict, zone_id: str, field: str) -> str:
@@ -99,7 +101,7 @@ def answer_spans(example, answer: str) -> list[tuple[str, int, int]]:
     start = answer.index(example.reasoning)
     for line in example.reasoning.splitlines():
         match = _STATUS_LINE.match(line)
-        zone_id, status = match.groups()
+        zone_id, status = match[1], match[2].lower()
         at = start + match.start(2)
         spans.append((f"status {status}", at, at + len(status)))
         spans.append((f"{status}, modifier {'next' if next_to[zone_id] else 'apart'}", at, at + len(status)))

@@ -429,3 +429,29 @@ def test_airspace_radii_write_each_listed_zone_radius_as_worded_and_in_km():
     assert units == {"m", "metres", "km", "kilometres"}
     with pytest.raises(ValueError, match="radii=True writes no checks"):
         get_task("airspace", radii=True, checks="paired")
+
+
+@pytest.mark.parametrize("checks", ["", "paired"])
+def test_airspace_amendments_copy_each_amendment_notice_into_its_zone_line(checks):
+    """With `amendments=True` the line of each amended zone ends with its amendment notice, less
+    `NOTICE `, where it said `Zxx amended.`; every other line, the prompt and the answer are those
+    drawn without the option."""
+    plain = get_task("airspace", max_notices=6, checks=checks)
+    copied = get_task("airspace", max_notices=6, checks=checks, amendments=True)
+    kinds = set()
+    for seed in range(200):
+        a, b = plain.sample(random.Random(seed)), copied.sample(random.Random(seed))
+        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta)
+        for before, after in zip(a.reasoning.splitlines(), b.reasoning.splitlines(), strict=True):
+            zone_id = before.split()[0].rstrip(":")
+            kind = b.meta["modified"].get(zone_id)
+            if kind not in ("radius", "window"):
+                assert after == before
+                continue
+            kinds.add(kind)
+            notice = next(n for n in b.prompt.splitlines() if n.startswith(f"NOTICE {zone_id} AMENDED: "))
+            assert before.endswith(f"{zone_id} amended.")
+            assert after == before.removesuffix(f"{zone_id} amended.") + notice.removeprefix("NOTICE ")
+    assert kinds == {"radius", "window"}
+    with pytest.raises(ValueError, match="amendments=True and radii=True"):
+        get_task("airspace", amendments=True, radii=True)

@@ -13,11 +13,12 @@ from clover.data.tasks.airspace import AirspaceTask
 from benchmark_script import load_benchmark
 
 airspace_errors = load_benchmark("airspace_errors")
-LAYOUTS = ["", "listed", "paired", "radii"]  # `checks`, or the radius written after each status
+# `checks`, or the radius written after each status, or each amended zone's notice as its status
+LAYOUTS = ["", "listed", "paired", "radii", "amendments"]
 
 
 def _options(layout: str) -> dict:
-    return {"radii": True} if layout == "radii" else {"checks": layout}
+    return {layout: True} if layout in ("radii", "amendments") else {"checks": layout}
 
 
 def _example(**options):
@@ -40,7 +41,7 @@ def test_each_part_of_an_answer_is_told_apart(checks):
     lines, zones = example.reasoning.splitlines(), example.meta["zones"]
     amended = next(z for z, kind in example.meta["modified"].items() if kind == "radius")
     active = next(z["id"] for z in zones if z["id"] not in example.meta["modified"])
-    swapped = [line.replace("amended", "active") if line.startswith(amended) else
+    swapped = [re.sub("(?i)amended.*", "active.", line) if line.startswith(amended) else
                line.replace("active", "amended") if line.startswith(active) else line for line in lines]
     assert airspace_errors.first_error(_output(swapped, zones), example) == (
         "status", ", ".join(f"{z} amended->active" if z == amended else f"{z} active->amended"
@@ -64,14 +65,15 @@ def test_answer_spans_cover_each_status_word_and_value(tokenizer, checks):
     line's status word (the last word, after the checks), each value span a JSON value, amended
     exactly where a modifier replaced it."""
     example = _example(**_options(checks))
-    assert (": " in example.reasoning) == (checks in ("listed", "paired"))
+    assert (": Z" in example.reasoning) == (checks in ("listed", "paired"))
     assert (" km." in example.reasoning) == (checks == "radii")
+    assert (" AMENDED: radius now " in example.reasoning) == (checks == "amendments")
     answer = format_chat(tokenizer, example, enable_thinking=True).answer
     spans = airspace_errors.answer_spans(example, answer)
-    statuses = [re.sub(r", [^,]* km\.$", "", line).split()[-1].rstrip(".")  # the radius written after, cut
+    statuses = [re.sub(r", [^,]* km\.$|: radius now .*", "", line).split()[-1].rstrip(".")  # what follows, cut
                 for line in example.reasoning.splitlines()]
     assert [answer[a:b] for row, a, b in spans if row.startswith("status")] == statuses
-    assert [row for row, _, _ in spans if row.startswith("status")] == [f"status {s}" for s in statuses]
+    assert [row for row, _, _ in spans if row.startswith("status")] == [f"status {s.lower()}" for s in statuses]
     assert [answer[a:b] for row, a, b in spans if row == "check no"] == ["no"] * example.reasoning.count(" no,")
     values = [(row, answer[a:b]) for row, a, b in spans if row.startswith("value")]
     assert len(values) == 5 * len(example.meta["zones"])

@@ -256,6 +256,8 @@ SPACED_PARENTS = {
     "spaced_trailing_suffix_cpu": "spaced_trailing_block_more_gpu",
     "spaced_trailing_airspace_cpu": "spaced_trailing_anneal_cpu",
     "spaced_trailing_airspace_low_cpu": "spaced_trailing_anneal_cpu",
+    "spaced_trailing_amendments_cpu": "spaced_trailing_anneal_cpu",
+    "spaced_trailing_more_cpu": "spaced_trailing_anneal_cpu",
 }
 SPACED_EXPORTS = {
     "spaced_trailing_mix_cpu": "checkpoints/spaced-trailing-mix",
