@@ -258,11 +258,13 @@ SPACED_PARENTS = {
     "spaced_trailing_airspace_low_cpu": "spaced_trailing_anneal_cpu",
     "spaced_trailing_amendments_cpu": "spaced_trailing_anneal_cpu",
     "spaced_trailing_more_cpu": "spaced_trailing_anneal_cpu",
+    "spaced_trailing_more_low_cpu": "spaced_trailing_more_cpu",
 }
 SPACED_EXPORTS = {
     "spaced_trailing_mix_cpu": "checkpoints/spaced-trailing-mix",
     "spaced_trailing_block_more_gpu": "checkpoints/spaced-trailing-block-more",
     "spaced_trailing_anneal_cpu": "checkpoints/spaced-trailing-anneal",
+    "spaced_trailing_more_cpu": "checkpoints/spaced-trailing-more",
 }
 
 
