@@ -42,6 +42,15 @@ feed, and the JSON's radius then copies the km value from its zone's line. Measu
 embedded model's stage 14, 1,500 steps did not learn the lines, and they cost the copies after them
 (BENCHMARKS.md, "Two more stages").
 
+With ``amendments`` (a training option, off by default) an amended zone's line is its amendment
+notice copied without ``NOTICE``: ``Z20 AMENDED: radius now 800 m.`` instead of ``Z20 amended.``.
+The copy starts right after the two tokens it shares with one notice (``Z20 AMENDED:``), the lookup
+an induction head does, and the JSON then reads the new value from the nearby line instead of
+finding the amendment among the notices, where the zone's own notice offers the old value.
+Measured from the trailing-space lineage's anneal export, 4,793 steps with the lines scored below
+as many without (airspace 0.765 against 0.815): the answers went wrong elsewhere (BENCHMARKS.md,
+"Amendment notices copied into the reasoning").
+
 Scoring: the output is parsed as JSON; ``correct`` iff the parsed value equals the
 target (order included). Malformed JSON scores ``correct=False, valid_json=False``.
 ``zone_f1`` gives partial credit over exactly matching zones.
