@@ -48,7 +48,7 @@ The copy starts right after the two tokens it shares with one notice (``Z20 AMEN
 an induction head does, and the JSON then reads the new value from the nearby line instead of
 finding the amendment among the notices, where the zone's own notice offers the old value.
 Measured from the trailing-space lineage's anneal export, 4,793 steps with the lines scored below
-as many without (airspace 0.765 against 0.815): the answers went wrong elsewhere (BENCHMARKS.md,
+3,972 steps without (airspace 0.765 against 0.815): the answers went wrong elsewhere (BENCHMARKS.md,
 "Amendment notices copied into the reasoning").
 
 Scoring: the output is parsed as JSON; ``correct`` iff the parsed value equals the
