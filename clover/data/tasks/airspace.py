@@ -98,6 +98,7 @@ class _Zone:
     start: int
     end: int
     radius_text: str = ""  # the radius as the latest notice that gave it words it
+    modifier: str = ""  # the notice that cancelled or amended the zone, if one did
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -147,39 +148,36 @@ class AirspaceTask(Task):
         zones = self._zones(rng, n - n_mods)
         feed = [(z.id, self._zone_line(rng, z)) for z in zones]  # (zone id, notice line)
         modified: dict[str, str] = {}  # zone id -> "cancel" | "radius" | "window"
-        notices: dict[str, str] = {}  # zone id -> its modifier's notice line
         # (no draw when the option is off, so that default prompts stay those of every earlier seed)
         last = self.modifiers_last > 0 and rng.random() < self.modifiers_last
         for zone in rng.sample(zones, n_mods):  # each modifier lands somewhere after its zone
             after = len(zones) if last else [zone_id for zone_id, _ in feed].index(zone.id) + 1
             kind, line = self._modify(rng, zone)
             modified[zone.id] = kind
-            notices[zone.id] = line
+            zone.modifier = line
             feed.insert(rng.randint(after, len(feed)), (zone.id, line))
         lines = [line for _, line in feed]
         target = [z.as_json() for z in zones if z.radius_tenths > 0]
         prompt = INSTRUCTION + "\n" + "\n".join(lines)
         answer = json.dumps(target, separators=(",", ":"), ensure_ascii=False)
         ids = [zone_id for zone_id, _ in feed]
-        reasoning = ("\n".join(self._status_line(z, ids, modified, notices) for z in zones)
-                     if self.reasoning else "")
+        reasoning = "\n".join(self._status_line(z, ids, modified) for z in zones) if self.reasoning else ""
         return Example(prompt, answer, self.name, {"zones": target, "n_notices": n, "modified": modified},
                        reasoning)
 
-    def _status_line(self, zone: _Zone, ids: list[str], modified: dict[str, str],
-                     notices: dict[str, str]) -> str:
+    def _status_line(self, zone: _Zone, ids: list[str], modified: dict[str, str]) -> str:
         """``Z20 amended.``; with radii, a listed zone's radius after it: ``Z20 amended, 800 m = 0.8
         km.``; with amendments, an amended zone's notice: ``Z20 AMENDED: radius now 800 m.``; with
         checks, the ids of the notices after the zone's own, up to its modifier, first: ``Z20: Z31
         no, Z20 amended.`` or paired ``Z20: Z31=Z20 no, Z20=Z20 amended.`` (``ids``: each notice's
-        zone id, in order; ``notices``: each modified zone's modifier notice)."""
+        zone id, in order)."""
         zone_id = zone.id
         status = f"{zone_id} {_STATUS.get(modified.get(zone_id), 'active')}"
         if self.radii and zone.radius_tenths > 0:
             return f"{status}, {zone.radius_text} = {zone.radius_tenths / 10} km."
         status += "."
         if self.amendments and _STATUS.get(modified.get(zone_id)) == "amended":
-            status = notices[zone_id].removeprefix("NOTICE ")
+            status = zone.modifier.removeprefix("NOTICE ")
         if not self.checks:
             return status
         later = ids[ids.index(zone_id) + 1:]
