@@ -94,16 +94,11 @@ def load_trainer_weights(model, checkpoint: str | Path) -> None:
     of another architecture is refused (ValueError naming the first differing tensors)."""
     import torch
 
-    from clover.training.checkpointing import load_model_tensors
+    from clover.training.checkpointing import check_fits, load_model_tensors
 
     log.info("weights from trainer checkpoint %s", checkpoint)
     tensors = load_model_tensors(checkpoint)
-    own = model.state_dict()
-    missing, extra = sorted(own.keys() - tensors.keys()), sorted(tensors.keys() - own.keys())
-    shapes = sorted(k for k in own.keys() & tensors.keys() if own[k].shape != tensors[k].shape)
-    if missing or extra or shapes:
-        raise ValueError(f"--checkpoint {checkpoint} does not fit this model: missing {missing[:3]}, "
-                         f"unexpected {extra[:3]}, other shapes {shapes[:3]}")
+    check_fits(model.state_dict(), tensors, f"--checkpoint {checkpoint}")
     with torch.no_grad():
         model.load_state_dict(tensors, strict=True)
 

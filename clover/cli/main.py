@@ -11,7 +11,7 @@ import traceback
 
 from .common import is_user_error
 
-COMMANDS = ["info", "convert", "quantize", "generate", "train", "eval", "serve"]
+COMMANDS = ["info", "convert", "quantize", "average", "generate", "train", "eval", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -196,6 +196,16 @@ def load_model_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def check_fits(own: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], source: str | Path) -> None:
+    """Refuse (ValueError) `tensors` whose names or shapes are not those of the state dict `own`,
+    naming the first few that differ."""
+    missing, extra = sorted(own.keys() - tensors.keys()), sorted(tensors.keys() - own.keys())
+    shapes = sorted(k for k in own.keys() & tensors.keys() if own[k].shape != tensors[k].shape)
+    if missing or extra or shapes:
+        raise ValueError(f"{source} does not fit this model: missing {missing[:3]}, "
+                         f"unexpected {extra[:3]}, other shapes {shapes[:3]}")
+
+
 def _assemble(parts: list) -> torch.Tensor:
     """Place each shard at its saved offsets in the full tensor."""
     first = parts[0][1]

@@ -261,6 +261,8 @@ SPACED_PARENTS = {
     "spaced_trailing_more_low_cpu": "spaced_trailing_more_cpu",
     "spaced_trailing_more2_cpu": "spaced_trailing_more_cpu",
     "spaced_trailing_more3_cpu": "spaced_trailing_more_cpu",
+    "spaced_trailing_long_cpu": "spaced_trailing_more_cpu",
+    "spaced_trailing_long_low_cpu": "spaced_trailing_more_cpu",
 }
 SPACED_EXPORTS = {
     "spaced_trailing_mix_cpu": "checkpoints/spaced-trailing-mix",

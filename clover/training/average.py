@@ -1,0 +1,74 @@
+"""`clover average`: the uniform mean of several checkpoints' weights (a "model soup").
+
+Runs that start from one checkpoint and train apart (other data seeds, learning rates) stay in one
+basin: the mean of their weights is often better than each of them (Wortsman et al., 2022, "Model
+soups"). The tail of one run (its last few trainer checkpoints) averages the same way.
+
+Each source is a Clover checkpoint folder (`config.json`) or a trainer checkpoint
+(`OUT/checkpoints/step-N`, weights only). The output takes its config, tokenizer and generation
+defaults from `base` (by default the first source, which must then be a checkpoint folder) and is
+written atomically: a failure leaves no half-written folder, and an existing output is replaced only
+when it is itself a checkpoint folder.
+"""
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from clover.checkpoint.tokenizer_files import TOKENIZER_FILES
+from clover.model import CloverMoeForCausalLM
+from clover.model.checkpoint_save import atomic_directory
+
+from .checkpointing import check_fits, load_model_tensors
+
+CARRIED_FILES = (*TOKENIZER_FILES, "generation_config.json")
+
+
+def is_checkpoint_folder(path: str | Path) -> bool:
+    return (Path(path) / "config.json").is_file()
+
+
+def source_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """A source's full state dict: a checkpoint folder's model, or a trainer checkpoint's tensors."""
+    if is_checkpoint_folder(path):
+        return CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+    return load_model_tensors(path)
+
+
+def mean_state(base: dict[str, torch.Tensor], sources: list[str | Path]) -> dict[str, torch.Tensor]:
+    """The mean of the sources' floating tensors (summed in float64, cast to the base's dtypes);
+    other tensors are the base's."""
+    sums: dict[str, torch.Tensor] = {}
+    for source in sources:
+        tensors = source_tensors(source)
+        check_fits(base, tensors, source)
+        for name, tensor in tensors.items():
+            if base[name].is_floating_point():
+                sums[name] = sums.get(name, 0) + tensor.to(torch.float64)
+    return {name: (sums[name] / len(sources)).to(t.dtype) if name in sums else t for name, t in base.items()}
+
+
+def average_checkpoints(sources: list[str | Path], dst: str | Path, base: str | Path | None = None) -> Path:
+    """Write the mean of `sources`' weights as a checkpoint folder `dst` with `base`'s config and
+    files. Refused before anything is written: no source, a base that is not a checkpoint folder, a
+    source that does not fit the base (ValueError), a `dst` that is neither empty nor a checkpoint
+    folder (FileExistsError: it would be replaced whole)."""
+    if not sources:
+        raise ValueError("average: no source checkpoint given")
+    if Path(dst).is_dir() and any(Path(dst).iterdir()) and not is_checkpoint_folder(dst):
+        raise FileExistsError(f"output {dst} is a non-empty folder that is no Clover checkpoint; "
+                              "give a new or empty folder, or a checkpoint folder to replace")
+    base = sources[0] if base is None else base
+    if not is_checkpoint_folder(base):
+        raise ValueError(f"base {base} is not a Clover checkpoint folder (no config.json); a trainer "
+                         "checkpoint needs --base, the checkpoint folder its run started from")
+    model = CloverMoeForCausalLM.from_pretrained(base, dtype="auto")
+    stored = model.dtype
+    model.float().load_state_dict(mean_state(model.state_dict(), sources), strict=True)
+    with atomic_directory(dst) as tmp:
+        model.to(stored).save_pretrained(tmp)
+        for name in CARRIED_FILES:
+            if (Path(base) / name).is_file():
+                shutil.copy2(Path(base) / name, tmp / name)
+    return Path(dst)
