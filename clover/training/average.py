@@ -1,8 +1,10 @@
 """`clover average`: the uniform mean of several checkpoints' weights (a "model soup").
 
-Runs that start from one checkpoint and train apart (other data seeds, learning rates) stay in one
-basin: the mean of their weights is often better than each of them (Wortsman et al., 2022, "Model
-soups"). The tail of one run (its last few trainer checkpoints) averages the same way.
+Runs that start from one checkpoint and train apart (other data seeds, learning rates) can stay in
+one basin, and then the mean of their weights is often better than each of them (Wortsman et al.,
+2022, "Model soups"). Measured on the embedded model's lineage (BENCHMARKS.md, "Weight averages"):
+two 5,600-step runs at lr 5e-4 and 3e-4 average 0.6-0.8 points above each; two at 5e-4 and 1e-3
+average below both. The tail of one run (its last trainer checkpoints) can be averaged the same way.
 
 Each source is a Clover checkpoint folder (`config.json`) or a trainer checkpoint
 (`OUT/checkpoints/step-N`, weights only). The output takes its config, tokenizer and generation
