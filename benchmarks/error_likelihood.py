@@ -24,19 +24,23 @@ from common import embedded_probe_parser, load_probe_model  # noqa: E402
 TASKS = ("airspace", "joint")
 
 
+def next_token_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """log p(· | prompt, response[:i]) for each response position i [len(response), vocab], causal mode."""
+    ids = torch.tensor([prompt + response], device=model.device)
+    return model(ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
+
+
 def sequence_logprob(model, prompt: list[int], response: list[int]) -> torch.Tensor:
     """log p(response | prompt) per response token [len(response)], causal mode."""
-    ids = torch.tensor([prompt + response], device=model.device)
-    logp = model(ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
-    return logp.gather(1, torch.tensor(response, device=model.device)[:, None])[:, 0]
+    logp = next_token_logprobs(model, prompt, response)
+    return logp.gather(1, torch.tensor(response, device=logp.device)[:, None])[:, 0]
 
 
-def first_divergence(model, prompt: list[int], greedy: list[int], target: list[int]) -> dict:
-    """Where `greedy` first leaves `target` (teacher-forced on the target): the two tokens'
-    probabilities and the target's rank."""
+def first_divergence(target_logprobs: torch.Tensor, greedy: list[int], target: list[int]) -> dict:
+    """Where `greedy` first leaves `target`, read off the target's `next_token_logprobs`: the two
+    tokens' probabilities and the target's rank."""
     k = next(i for i, (g, t) in enumerate(zip(greedy, target)) if g != t)
-    ids = torch.tensor([prompt + target[:k]], device=model.device)
-    probs = model(ids).logits[0, -1].float().softmax(-1)
+    probs = target_logprobs[k].exp()
     return {"at": k, "p_greedy": float(probs[greedy[k]]), "p_target": float(probs[target[k]]),
             "rank": int((probs > probs[target[k]]).sum()) + 1}
 
@@ -58,9 +62,10 @@ def wrong_answers(model, tokenizer, examples) -> list[dict]:
         task = tasks.setdefault(example.task, get_task(example.task))
         if task.score(example, text)["correct"] or greedy == target:
             continue
+        logp = next_token_logprobs(model, prompt, target)
         row = {"task": example.task, "log_p_greedy": float(sequence_logprob(model, prompt, greedy).sum()),
-               "log_p_target": float(sequence_logprob(model, prompt, target).sum())}
-        row |= first_divergence(model, prompt, greedy, target)  # both end in the end token: they part before
+               "log_p_target": float(logp.gather(1, torch.tensor(target, device=logp.device)[:, None]).sum())}
+        row |= first_divergence(logp, greedy, target)  # both end in the end token: they part before
         row["context"] = tokenizer.decode(target[max(0, row["at"] - 10):row["at"]])
         row["tokens"] = (tokenizer.decode([greedy[row["at"]]]), tokenizer.decode([target[row["at"]]]))
         rows.append(row)

@@ -6,7 +6,7 @@ one basin, and then the mean of their weights is often better than each of them 
 two 5,600-step runs at lr 5e-4 and 3e-4 average 0.6-0.8 points above each; two at 5e-4 and 1e-3
 average below both. The tail of one run (its last trainer checkpoints) can be averaged the same way.
 
-Each source is a Clover checkpoint folder (`config.json`) or a trainer checkpoint
+Each source is a Clover checkpoint folder (a `config.json` of model type `clover_moe`) or a trainer checkpoint
 (`OUT/checkpoints/step-N`, weights only). The output takes its config, tokenizer and generation
 defaults from `base` (by default the first source, which must then be a checkpoint folder) and is
 written atomically: a failure leaves no half-written folder, and an existing output is replaced only
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from clover.checkpoint.convert import is_clover_checkpoint
 from clover.checkpoint.tokenizer_files import TOKENIZER_FILES
 from clover.model import CloverMoeForCausalLM
 from clover.model.checkpoint_save import atomic_directory
@@ -27,13 +28,9 @@ from .checkpointing import check_fits, load_model_tensors
 CARRIED_FILES = (*TOKENIZER_FILES, "generation_config.json")
 
 
-def is_checkpoint_folder(path: str | Path) -> bool:
-    return (Path(path) / "config.json").is_file()
-
-
 def source_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """A source's full state dict: a checkpoint folder's model, or a trainer checkpoint's tensors."""
-    if is_checkpoint_folder(path):
+    if is_clover_checkpoint(Path(path)):
         return CloverMoeForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
     return load_model_tensors(path)
 
@@ -58,16 +55,17 @@ def average_checkpoints(sources: list[str | Path], dst: str | Path, base: str | 
     folder (FileExistsError: it would be replaced whole)."""
     if not sources:
         raise ValueError("average: no source checkpoint given")
-    if Path(dst).is_dir() and any(Path(dst).iterdir()) and not is_checkpoint_folder(dst):
+    if Path(dst).is_dir() and any(Path(dst).iterdir()) and not is_clover_checkpoint(Path(dst)):
         raise FileExistsError(f"output {dst} is a non-empty folder that is no Clover checkpoint; "
                               "give a new or empty folder, or a checkpoint folder to replace")
     base = sources[0] if base is None else base
-    if not is_checkpoint_folder(base):
-        raise ValueError(f"base {base} is not a Clover checkpoint folder (no config.json); a trainer "
+    if not is_clover_checkpoint(Path(base)):
+        raise ValueError(f"base {base} is not a Clover checkpoint folder (no config.json of a Clover model); a trainer "
                          "checkpoint needs --base, the checkpoint folder its run started from")
     model = CloverMoeForCausalLM.from_pretrained(base, dtype="auto")
     stored = model.dtype
-    model.float().load_state_dict(mean_state(model.state_dict(), sources), strict=True)
+    model.float()  # the mean is taken and loaded in fp32, then stored in the base's dtype
+    model.load_state_dict(mean_state(model.state_dict(), sources), strict=True)
     with atomic_directory(dst) as tmp:
         model.to(stored).save_pretrained(tmp)
         for name in CARRIED_FILES:

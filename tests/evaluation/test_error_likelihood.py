@@ -25,7 +25,7 @@ def test_first_divergence_reads_the_decision_at_the_first_differing_token(model)
     prompt, target = [5, 9, 14, 3], [20, 7, 11, 12]
     probs = _next_probs(model, prompt + target[:2])
     other = int(probs.argmax()) if int(probs.argmax()) != target[2] else int(probs.argsort()[-2])
-    row = probe.first_divergence(model, prompt, target[:2] + [other, 4], target)
+    row = probe.first_divergence(probe.next_token_logprobs(model, prompt, target), target[:2] + [other, 4], target)
     assert row["at"] == 2
     assert abs(row["p_greedy"] - float(probs[other])) < 1e-5 and abs(row["p_target"] - float(probs[target[2]])) < 1e-5
     assert row["rank"] == int((probs > probs[target[2]]).sum()) + 1
