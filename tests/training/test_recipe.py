@@ -204,6 +204,8 @@ CURRICULUM_PARENTS = {
     "curriculum_fresh_mix_gpu": "curriculum_check_cpu",
     "curriculum_fresh_block_gpu": "curriculum_fresh_mix_gpu",
     "curriculum_fresh_mix_cpu": "curriculum_check_cpu",
+    "curriculum_soup_a_cpu": "curriculum_suffix10_cpu",
+    "curriculum_soup_b_cpu": "curriculum_suffix10_cpu",
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
@@ -287,3 +289,16 @@ def test_spaced_stages_differ_from_the_second_lineage_in_the_tokenizer_alone():
         spaced, fresh = (load_recipe(ROOT / "recipes" / f"{p}_{stage}.json") for p in ("spaced_trailing", "curriculum_fresh"))
         assert dataclasses.replace(spaced.train, seed=0) == dataclasses.replace(fresh.train, seed=0)
         assert dataclasses.replace(spaced.data, seed=0) == dataclasses.replace(fresh.data, seed=0)
+
+
+def test_the_rotary_probe_differs_from_the_second_lineage_stage_1_in_the_rotary_factor_alone():
+    """The partial-rotary probe is the second lineage's stage 1 (same data seed, schedule and
+    tokenizer) with 0.25 of each head's dims rotated, Qwen3.5's value, in place of all of them, so
+    that its losses compare with stage 1's step by step (`benchmarks/paired_loss.py`)."""
+    probe, stage1 = (load_recipe(ROOT / "recipes" / f"{name}_check_cpu.json") for name in ("rotary", "curriculum"))
+    assert probe.train == stage1.train and probe.data == stage1.data and probe.tokenizer == stage1.tokenizer
+    first, control = probe.model, stage1.model
+    assert first.config["rope_parameters"]["partial_rotary_factor"] == 0.25
+    assert control.config["rope_parameters"]["partial_rotary_factor"] == 1.0
+    rope = {**first.config["rope_parameters"], "partial_rotary_factor": 1.0}
+    assert dataclasses.replace(first, config={**first.config, "rope_parameters": rope}) == control
