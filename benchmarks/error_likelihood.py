@@ -30,10 +30,14 @@ def next_token_logprobs(model, prompt: list[int], response: list[int]) -> torch.
     return model(ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
 
 
+def picked(logprobs: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """Each position's log-probability of its token: [len(tokens), vocab] -> [len(tokens)]."""
+    return logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0]
+
+
 def sequence_logprob(model, prompt: list[int], response: list[int]) -> torch.Tensor:
     """log p(response | prompt) per response token [len(response)], causal mode."""
-    logp = next_token_logprobs(model, prompt, response)
-    return logp.gather(1, torch.tensor(response, device=logp.device)[:, None])[:, 0]
+    return picked(next_token_logprobs(model, prompt, response), response)
 
 
 def first_divergence(target_logprobs: torch.Tensor, greedy: list[int], target: list[int]) -> dict:
@@ -64,7 +68,7 @@ def wrong_answers(model, tokenizer, examples) -> list[dict]:
             continue
         logp = next_token_logprobs(model, prompt, target)
         row = {"task": example.task, "log_p_greedy": float(sequence_logprob(model, prompt, greedy).sum()),
-               "log_p_target": float(logp.gather(1, torch.tensor(target, device=logp.device)[:, None]).sum())}
+               "log_p_target": float(picked(logp, target).sum())}
         row |= first_divergence(logp, greedy, target)  # both end in the end token: they part before
         row["context"] = tokenizer.decode(target[max(0, row["at"] - 10):row["at"]])
         row["tokens"] = (tokenizer.decode([greedy[row["at"]]]), tokenizer.decode([target[row["at"]]]))
