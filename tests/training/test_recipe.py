@@ -137,15 +137,19 @@ def test_embedded_stages_chain_on_fresh_data():
     assert staged_recipes("embedded", parents)[EMBEDDED_STAGES[0]].model.init is None
 
 
-def staged_recipes(prefix: str, parents: dict[str, str | None], committed: dict[str, str] | None = None) -> dict:
+def staged_recipes(prefix: str, parents: dict, committed: dict | None = None) -> dict:
     """The recipes named in `parents` (all of recipes/PREFIX*.json) by name, after checking that each
-    starts fresh (parent None) or from its parent's export (the run's, or the copy `committed` names)
-    and draws its examples with a data seed of its own."""
+    starts fresh (parent None), from its parent's export (the run's, or the copy `committed` names),
+    or, where the parent is a tuple of stages, from the committed mean of their exports; and that
+    each draws its examples with a data seed of its own."""
     assert {p.stem for p in (ROOT / "recipes").glob(f"{prefix}*.json")} == set(parents)
     stages = {name: load_recipe(ROOT / "recipes" / f"{name}.json") for name in parents}
     for name, parent in parents.items():
         if parent is None:
             assert stages[name].model.init is None, name
+            continue
+        if isinstance(parent, tuple):
+            assert set(parent) <= set(parents) and stages[name].model.init == committed[parent], name
             continue
         run_export = f"{stages[parent].output_dir}/final"
         assert stages[name].model.init in (run_export, (committed or {}).get(parent, run_export)), name
@@ -206,6 +210,8 @@ CURRICULUM_PARENTS = {
     "curriculum_fresh_mix_cpu": "curriculum_check_cpu",
     "curriculum_soup_a_cpu": "curriculum_suffix10_cpu",
     "curriculum_soup_b_cpu": "curriculum_suffix10_cpu",
+    "curriculum_soup2_a_cpu": ("curriculum_soup_a_cpu", "curriculum_soup_b_cpu"),
+    "curriculum_soup2_b_cpu": ("curriculum_soup_a_cpu", "curriculum_soup_b_cpu"),
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
@@ -213,7 +219,8 @@ COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
                      "curriculum_copy_block_cpu": "checkpoints/curriculum-copy-block",
                      "curriculum_block_heavy_cpu": "checkpoints/curriculum-block-heavy",
                      "curriculum_polish_cpu": "checkpoints/curriculum-polish",
-                     "curriculum_suffix3_cpu": "checkpoints/curriculum-suffix3"}
+                     "curriculum_suffix3_cpu": "checkpoints/curriculum-suffix3",
+                     ("curriculum_soup_a_cpu", "curriculum_soup_b_cpu"): "checkpoints/curriculum-soup"}
 
 
 def test_curriculum_stages_teach_the_base_check_first():
