@@ -293,7 +293,8 @@ def test_spaced_stages_differ_from_the_second_lineage_in_the_tokenizer_alone():
         assert set(first.tokenizer.tasks) == {"copy", "airspace", "joint", "record"}
         assert first.model == control.model and first.train.lr == control.train.lr
     for stage in ("mix_gpu", "block_gpu", "mix_cpu"):
-        spaced, fresh = (load_recipe(ROOT / "recipes" / f"{p}_{stage}.json") for p in ("spaced_trailing", "curriculum_fresh"))
+        spaced, fresh = (load_recipe(ROOT / "recipes" / f"{prefix}_{stage}.json")
+                         for prefix in ("spaced_trailing", "curriculum_fresh"))
         assert dataclasses.replace(spaced.train, seed=0) == dataclasses.replace(fresh.train, seed=0)
         assert dataclasses.replace(spaced.data, seed=0) == dataclasses.replace(fresh.data, seed=0)
 
@@ -302,7 +303,8 @@ def test_the_rotary_probe_differs_from_the_second_lineage_stage_1_in_the_rotary_
     """The partial-rotary probe is the second lineage's stage 1 (same data seed, schedule and
     tokenizer) with 0.25 of each head's dims rotated, Qwen3.5's value, in place of all of them, so
     that its losses compare with stage 1's step by step (`benchmarks/paired_loss.py`)."""
-    probe, stage1 = (load_recipe(ROOT / "recipes" / f"{name}_check_cpu.json") for name in ("rotary", "curriculum"))
+    probe, stage1 = (load_recipe(ROOT / "recipes" / f"{name}_check_cpu.json")
+                     for name in ("rotary", "curriculum"))
     assert probe.train == stage1.train and probe.data == stage1.data and probe.tokenizer == stage1.tokenizer
     first, control = probe.model, stage1.model
     assert first.config["rope_parameters"]["partial_rotary_factor"] == 0.25
