@@ -225,8 +225,9 @@ COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
 
 def test_curriculum_stages_teach_the_base_check_first():
     """The second lineage starts fresh on `joint`'s base questions alone (AR loss); every later
-    stage starts from the export of its parent stage (the run's, or the committed copy of it) and
-    draws its examples with a data seed no other stage used."""
+    stage starts from the export of its parent stage (the run's, or the committed copy of it; for the
+    second averaging round, the committed mean of the first round's two exports) and draws its
+    examples with a data seed no other stage used."""
     stages = staged_recipes("curriculum", CURRICULUM_PARENTS, COMMITTED_EXPORTS)
     first = stages["curriculum_check_cpu"]
     assert first.train.alpha == 0 and first.data.tasks == ("joint",)
