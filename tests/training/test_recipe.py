@@ -137,7 +137,10 @@ def test_embedded_stages_chain_on_fresh_data():
     assert staged_recipes("embedded", parents)[EMBEDDED_STAGES[0]].model.init is None
 
 
-def staged_recipes(prefix: str, parents: dict, committed: dict | None = None) -> dict:
+Parent = str | tuple[str, ...] | None  # a stage, the mean of stages' exports, or none (a fresh model)
+
+
+def staged_recipes(prefix: str, parents: dict[str, Parent], committed: dict[Parent, str] | None = None) -> dict:
     """The recipes named in `parents` (all of recipes/PREFIX*.json) by name, after checking that each
     starts fresh (parent None), from its parent's export (the run's, or the copy `committed` names),
     or, where the parent is a tuple of stages, from the committed mean of their exports; and that
@@ -158,7 +161,9 @@ def staged_recipes(prefix: str, parents: dict, committed: dict | None = None) ->
     return stages
 
 
-# The second lineage is a tree: each recipe, and the recipe whose export it starts from (None: fresh).
+# The second lineage is a tree: each recipe, and the recipe whose export it starts from (None: fresh;
+# a tuple: the committed mean of those recipes' exports).
+FIRST_AVERAGE = ("curriculum_soup_a_cpu", "curriculum_soup_b_cpu")
 CURRICULUM_PARENTS = {
     "curriculum_check_cpu": None,
     "curriculum_joint_cpu": "curriculum_check_cpu",
@@ -210,8 +215,8 @@ CURRICULUM_PARENTS = {
     "curriculum_fresh_mix_cpu": "curriculum_check_cpu",
     "curriculum_soup_a_cpu": "curriculum_suffix10_cpu",
     "curriculum_soup_b_cpu": "curriculum_suffix10_cpu",
-    "curriculum_soup2_a_cpu": ("curriculum_soup_a_cpu", "curriculum_soup_b_cpu"),
-    "curriculum_soup2_b_cpu": ("curriculum_soup_a_cpu", "curriculum_soup_b_cpu"),
+    "curriculum_soup2_a_cpu": FIRST_AVERAGE,
+    "curriculum_soup2_b_cpu": FIRST_AVERAGE,
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
@@ -220,7 +225,7 @@ COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
                      "curriculum_block_heavy_cpu": "checkpoints/curriculum-block-heavy",
                      "curriculum_polish_cpu": "checkpoints/curriculum-polish",
                      "curriculum_suffix3_cpu": "checkpoints/curriculum-suffix3",
-                     ("curriculum_soup_a_cpu", "curriculum_soup_b_cpu"): "checkpoints/curriculum-soup"}
+                     FIRST_AVERAGE: "checkpoints/curriculum-soup"}
 
 
 def test_curriculum_stages_teach_the_base_check_first():
