@@ -164,6 +164,7 @@ def staged_recipes(prefix: str, parents: dict[str, Parent], committed: dict[Pare
 # The second lineage is a tree: each recipe, and the recipe whose export it starts from (None: fresh;
 # a tuple: the committed mean of those recipes' exports).
 FIRST_AVERAGE = ("curriculum_soup_a_cpu", "curriculum_soup_b_cpu")
+SECOND_AVERAGE = ("curriculum_soup2_a_cpu", "curriculum_soup2_b_cpu")
 CURRICULUM_PARENTS = {
     "curriculum_check_cpu": None,
     "curriculum_joint_cpu": "curriculum_check_cpu",
@@ -217,6 +218,8 @@ CURRICULUM_PARENTS = {
     "curriculum_soup_b_cpu": "curriculum_suffix10_cpu",
     "curriculum_soup2_a_cpu": FIRST_AVERAGE,
     "curriculum_soup2_b_cpu": FIRST_AVERAGE,
+    "curriculum_soup3_a_cpu": SECOND_AVERAGE,
+    "curriculum_soup3_b_cpu": SECOND_AVERAGE,
 }
 # Exports committed so that a later session starts from them instead of rerunning the stages before.
 COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
@@ -225,13 +228,14 @@ COMMITTED_EXPORTS = {"curriculum_mix_cpu": "checkpoints/curriculum-mix",
                      "curriculum_block_heavy_cpu": "checkpoints/curriculum-block-heavy",
                      "curriculum_polish_cpu": "checkpoints/curriculum-polish",
                      "curriculum_suffix3_cpu": "checkpoints/curriculum-suffix3",
-                     FIRST_AVERAGE: "checkpoints/curriculum-soup"}
+                     FIRST_AVERAGE: "checkpoints/curriculum-soup",
+                     SECOND_AVERAGE: "checkpoints/curriculum-soup2"}
 
 
 def test_curriculum_stages_teach_the_base_check_first():
     """The second lineage starts fresh on `joint`'s base questions alone (AR loss); every later
-    stage starts from the export of its parent stage (the run's, or the committed copy of it; for the
-    second averaging round, the committed mean of the first round's two exports) and draws its
+    stage starts from the export of its parent stage (the run's, or the committed copy of it; for a
+    later averaging round, the committed mean of the round before's two exports) and draws its
     examples with a data seed no other stage used."""
     stages = staged_recipes("curriculum", CURRICULUM_PARENTS, COMMITTED_EXPORTS)
     first = stages["curriculum_check_cpu"]
