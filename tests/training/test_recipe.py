@@ -309,15 +309,21 @@ def test_spaced_stages_differ_from_the_second_lineage_in_the_tokenizer_alone():
         assert dataclasses.replace(spaced.data, seed=0) == dataclasses.replace(fresh.data, seed=0)
 
 
-def test_the_rotary_probe_differs_from_the_second_lineage_stage_1_in_the_rotary_factor_alone():
-    """The partial-rotary probe is the second lineage's stage 1 (same data seed, schedule and
-    tokenizer) with 0.25 of each head's dims rotated, Qwen3.5's value, in place of all of them, so
-    that its losses compare with stage 1's step by step (`benchmarks/paired_loss.py`)."""
-    probe, stage1 = (load_recipe(ROOT / "recipes" / f"{name}_check_cpu.json")
-                     for name in ("rotary", "curriculum"))
+# Probes of the second lineage's stage 1: each differs from it in these model config values alone.
+STAGE_1_PROBES = {
+    "rotary_check_cpu": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 0.25}},  # Qwen3.5's value
+    "wide_check_cpu": {"head_dim": 48},
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAGE_1_PROBES))
+def test_a_stage_1_probe_differs_from_the_second_lineage_stage_1_in_its_model_change_alone(name):
+    """A probe is the second lineage's stage 1 (same data seed, schedule and tokenizer) with one
+    change to the model, so that its losses compare with stage 1's step by step
+    (`benchmarks/paired_loss.py`)."""
+    probe, stage1 = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in (name, "curriculum_check_cpu"))
     assert probe.train == stage1.train and probe.data == stage1.data and probe.tokenizer == stage1.tokenizer
-    first, control = probe.model, stage1.model
-    assert first.config["rope_parameters"]["partial_rotary_factor"] == 0.25
-    assert control.config["rope_parameters"]["partial_rotary_factor"] == 1.0
-    rope = {**first.config["rope_parameters"], "partial_rotary_factor": 1.0}
-    assert dataclasses.replace(first, config={**first.config, "rope_parameters": rope}) == control
+    change = STAGE_1_PROBES[name]
+    assert all(stage1.model.config[key] != value for key, value in change.items())
+    assert probe.model == dataclasses.replace(stage1.model, config={**stage1.model.config, **change})
