@@ -1,4 +1,5 @@
-"""Depth growth by block expansion: a deeper model that computes exactly what its init computes.
+"""Growth of a trained model, in depth (block expansion) or in attention heads, into a larger model
+that computes exactly what its init computes.
 
 `grow_layers(model, after)` inserts, right after each layer index in `after`, a copy of that layer
 whose writes to the residual stream are zero: the mixer's output projection (attention `o_proj`,
@@ -9,6 +10,12 @@ activations, which are the trained layer's features); the rest of the copy follo
 
 This is how a trained small model gains capacity without starting over (as in LLaMA Pro's block
 expansion): recipe key `model.grow_after` with `model.init`.
+
+`grow_heads(model, extra)` adds `extra` query heads (and `extra / group` key-value heads, keeping
+the grouped-query ratio) to every full-attention layer. The new heads start fresh (the model's own
+init, from a fixed seed, so that sibling runs share them) and write nothing yet: their columns of
+`o_proj` are zero. They are the capacity for lookups that the old heads share: recipe key
+`model.grow_heads` with `model.init`.
 """
 
 import copy
@@ -65,3 +72,47 @@ def grow_layers(model, after: Sequence[int]):
     grown.load_state_dict(state, strict=True)
     grown.generation_config = copy.deepcopy(model.generation_config)
     return grown.to(device=next(model.parameters()).device, dtype=next(model.parameters()).dtype)
+
+
+def widened_config(config, extra_heads: int):
+    """`config` with `extra_heads` more query heads per attention layer (and the key-value heads
+    that keep their ratio)."""
+    group = config.num_attention_heads // config.num_key_value_heads
+    if extra_heads < 0 or extra_heads % group:
+        raise ValueError(f"grow_heads={extra_heads} must be a non-negative multiple of the "
+                         f"{group} query heads that share a key-value head")
+    widened = copy.deepcopy(config)
+    widened.num_attention_heads += extra_heads
+    widened.num_key_value_heads += extra_heads // group
+    return widened
+
+
+@torch.no_grad()
+def grow_heads(model, extra_heads: int, seed: int = 0):
+    """A new model: `model` with `extra_heads` residual-silent fresh query heads per attention
+    layer (`model` is left as it was, and returned when `extra_heads` is 0)."""
+    if not extra_heads:
+        return model
+    config = model.config
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream goes on as if not called
+        torch.manual_seed(seed)
+        wide = type(model)(widened_config(config, extra_heads))
+    state = wide.state_dict()
+    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    for key, value in model.state_dict().items():
+        name = key.rpartition("self_attn.")[2]
+        target = state[key]
+        if "self_attn." not in key or name.startswith(("q_norm", "k_norm")):
+            target.copy_(value)
+        elif name.startswith("q_proj"):  # [H * (query D, gate D), ...]: old heads first
+            target[:heads * 2 * dim] = value
+        elif name.startswith(("k_proj", "v_proj")):
+            target[:kv_heads * dim] = value
+        elif name == "o_proj.weight":  # [hidden, H * D]: the new heads' columns write nothing
+            target.zero_()
+            target[:, :heads * dim] = value
+        else:  # o_proj.bias
+            target.copy_(value)
+    wide.load_state_dict(state, strict=True)
+    wide.generation_config = copy.deepcopy(model.generation_config)
+    return wide.to(device=next(model.parameters()).device, dtype=next(model.parameters()).dtype)

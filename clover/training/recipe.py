@@ -5,7 +5,8 @@
       "output_dir": "runs/embedded",
       "device": "cpu", "num_threads": 2,
       "model": {"config": {<CloverMoeConfig fields>}} | {"init": "path/to/clover-checkpoint",
-                                                          "grow_after": [<layer indices>]},
+                                                          "grow_after": [<layer indices>],
+                                                          "grow_heads": <extra attention heads>},
       "tokenizer": {"train": true, "vocab_size": 3000, "n_examples": 3000, "seed": 0,
                     "spacing": "own", "tasks": [...]} | {"path": "dir"},
       "data": {"source": "tasks", "tasks": ["airspace", "joint", "record"], "n_train": 20000,
@@ -42,12 +43,15 @@ class ModelRecipe:
     init: str | None = None  # or start from this Clover checkpoint
     preset: str | None = None  # or a built-in config (`clover info --preset`), `config` overriding it
     grow_after: tuple[int, ...] = ()  # with `init`: insert a residual-silent copy after these layers (grow.py)
+    grow_heads: int = 0  # with `init`: this many residual-silent fresh heads per attention layer (grow.py)
 
     def __post_init__(self):
         if not self.config and self.init is None and self.preset is None:
             raise ValueError("recipe.model needs `config` (a fresh model), `preset` or `init` (a checkpoint)")
         if self.grow_after and self.init is None:
             raise ValueError(f"recipe.model.grow_after={list(self.grow_after)} needs `init` (a trained model to grow)")
+        if self.grow_heads and self.init is None:
+            raise ValueError(f"recipe.model.grow_heads={self.grow_heads} needs `init` (a trained model to grow)")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from .distributed import DistInfo, barrier, device_for, init_distributed, shutdo
 from .evaluation import combine, loss_evaluator, task_evaluator
 from .export import export_checkpoint
 from .fit import fit_steps, fitted_config, forget_fit, measure_step_seconds, save_fit
-from .grow import grow_layers, grown_config
+from .grow import grow_heads, grow_layers, grown_config, widened_config
 from .recipe import Recipe, save_recipe
 from .sharding import full_state_dict, is_sharded
 from .sources import (DIGIT_ROLES, DIGIT_VOCAB, DigitTask, TokenRoles, build_tasks, encode_examples,
@@ -81,7 +81,8 @@ def plan_config(recipe: Recipe):
     from clover.model import CloverMoeConfig
 
     if recipe.model.init:
-        return grown_config(config_from_dir(recipe.model.init), recipe.model.grow_after)
+        grown = grown_config(config_from_dir(recipe.model.init), recipe.model.grow_after)
+        return widened_config(grown, recipe.model.grow_heads)
     fields = {**preset_fields(recipe.model.preset), **recipe.model.config}
     if recipe.data.source == "digits":
         fields.setdefault("vocab_size", len(DIGIT_VOCAB))
@@ -112,6 +113,7 @@ def build_model(recipe: Recipe, tokenizer):
     """(model, token roles): the `init` checkpoint (its mask id wins) or a fresh model."""
     if recipe.model.init:
         model = grow_layers(load_init_model(recipe.model.init), recipe.model.grow_after)
+        model = grow_heads(model, recipe.model.grow_heads)
         mask_id = model.config.mask_token_id
         if tokenizer is None:
             return model, dataclasses.replace(DIGIT_ROLES, mask_id=mask_id)

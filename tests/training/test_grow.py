@@ -1,11 +1,11 @@
-"""Block expansion (clover/training/grow.py): the grown model computes exactly what its init computes,
-in causal and block mode, and training reaches the inserted copies."""
+"""Growth (clover/training/grow.py), by block expansion or by attention heads: the grown model computes
+exactly what its init computes, in causal and block mode, and training reaches what was added."""
 
 import pytest
 import torch
 from tiny import TINY_MASK, random_ids, tiny_model
 
-from clover.training.grow import grow_layers, grown_config, layer_sources
+from clover.training.grow import grow_heads, grow_layers, grown_config, layer_sources, widened_config
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,15 @@ def test_grown_layout_copies_the_named_layers(pair):
     assert torch.count_nonzero(state["model.layers.3.linear_attn.out_proj.weight"]) == 0
 
 
-def test_grown_model_computes_what_the_init_computes(pair):
-    model, grown = pair
+@pytest.fixture(scope="module")
+def widened():
+    model = tiny_model(seed=3)
+    return model, grow_heads(model, 4)  # 4 + 4 query heads on 2 + 2 key-value heads
+
+
+@pytest.mark.parametrize("grown_pair", ["pair", "widened"])
+def test_grown_model_computes_what_the_init_computes(grown_pair, request):
+    model, grown = request.getfixturevalue(grown_pair)
     seq = random_ids(2, 19)
     seq[:, -8:][:, ::2] = TINY_MASK
     with torch.no_grad():
@@ -49,9 +56,38 @@ def test_training_reaches_the_copies():
         assert writes.grad.abs().sum() > 0  # the zeroed projections learn first
 
 
+def test_widened_layout_keeps_the_old_heads_and_silences_the_new(widened):
+    model, wide = widened
+    assert (wide.config.num_attention_heads, wide.config.num_key_value_heads) == (8, 4)
+    old, new = model.model.layers[3].self_attn, wide.model.layers[3].self_attn
+    dim = model.config.head_dim
+    assert torch.equal(new.q_proj.weight[:4 * 2 * dim], old.q_proj.weight)
+    assert torch.equal(new.k_proj.weight[:2 * dim], old.k_proj.weight)
+    assert torch.equal(new.o_proj.weight[:, :4 * dim], old.o_proj.weight)
+    assert torch.count_nonzero(new.o_proj.weight[:, 4 * dim:]) == 0
+    assert new.q_proj.weight[4 * 2 * dim:].std() > 0  # fresh, not zero: they can learn
+    assert torch.equal(wide.model.layers[0].linear_attn.out_proj.weight,
+                       model.model.layers[0].linear_attn.out_proj.weight)
+    again = grow_heads(model, 4)  # a fixed seed: sibling runs share the new heads
+    assert torch.equal(again.model.layers[3].self_attn.q_proj.weight, new.q_proj.weight)
+
+
+def test_training_reaches_the_new_heads(widened):
+    _, wide = widened
+    seq = random_ids(2, 24, seed=1)
+    logits = wide(seq[:, :-1]).logits
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten()).backward()
+    o_proj = wide.model.layers[3].self_attn.o_proj.weight
+    assert o_proj.grad[:, 4 * wide.config.head_dim:].abs().sum() > 0
+    wide.zero_grad()
+
+
 def test_bad_indices_are_refused_by_value():
     with pytest.raises(ValueError, match=r"\[4\] outside 0..3"):
         layer_sources(4, [1, 4])
     with pytest.raises(ValueError, match="twice"):
         grown_config(tiny_model().config, [1, 1])
     assert grow_layers(model := tiny_model(), []) is model
+    with pytest.raises(ValueError, match="grow_heads=3 must be a non-negative multiple of the 2"):
+        widened_config(tiny_model().config, 3)
+    assert grow_heads(model, 0) is model
