@@ -340,5 +340,5 @@ def test_a_heads_probe_differs_from_its_continuation_in_the_added_heads_alone(na
     losses and their evals compare step by step; only `model.grow_heads` differs."""
     probe, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in (name, HEADS_PROBES[name]))
     assert probe.train == control.train and probe.data == control.data and probe.tokenizer == control.tokenizer
-    assert probe.model.grow_heads > 0 == control.model.grow_heads
+    assert probe.model.grow_heads > 0 and control.model.grow_heads == 0
     assert probe.model == dataclasses.replace(control.model, grow_heads=probe.model.grow_heads)
