@@ -70,6 +70,11 @@ def grow_layers(model, after: Sequence[int]):
                 state[f"model.layers.{j}.{name}"] = torch.zeros_like(value) if silent else value.clone()
     grown = type(model)(grown_config(model.config, after))
     grown.load_state_dict(state, strict=True)
+    return like(grown, model)
+
+
+def like(grown, model):
+    """`grown` with `model`'s generation config, on its device and in its dtype."""
     grown.generation_config = copy.deepcopy(model.generation_config)
     return grown.to(device=next(model.parameters()).device, dtype=next(model.parameters()).dtype)
 
@@ -93,26 +98,14 @@ def grow_heads(model, extra_heads: int, seed: int = 0):
     layer (`model` is left as it was, and returned when `extra_heads` is 0)."""
     if not extra_heads:
         return model
-    config = model.config
     with torch.random.fork_rng(devices=[]):  # the caller's random stream goes on as if not called
         torch.manual_seed(seed)
-        wide = type(model)(widened_config(config, extra_heads))
-    state = wide.state_dict()
-    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        wide = type(model)(widened_config(model.config, extra_heads))
+    state = wide.state_dict()  # the wide model's own tensors: writing them writes the model
     for key, value in model.state_dict().items():
-        name = key.rpartition("self_attn.")[2]
-        target = state[key]
-        if "self_attn." not in key or name.startswith(("q_norm", "k_norm")):
-            target.copy_(value)
-        elif name.startswith("q_proj"):  # [H * (query D, gate D), ...]: old heads first
-            target[:heads * 2 * dim] = value
-        elif name.startswith(("k_proj", "v_proj")):
-            target[:kv_heads * dim] = value
-        elif name == "o_proj.weight":  # [hidden, H * D]: the new heads' columns write nothing
-            target.zero_()
-            target[:, :heads * dim] = value
-        else:  # o_proj.bias
-            target.copy_(value)
-    wide.load_state_dict(state, strict=True)
-    wide.generation_config = copy.deepcopy(model.generation_config)
-    return wide.to(device=next(model.parameters()).device, dtype=next(model.parameters()).dtype)
+        # Old heads come first along every widened dim: q_proj rows [H * (query D, gate D)], k_proj
+        # and v_proj rows [H_kv * D], o_proj columns [H * D]; every other tensor keeps its shape.
+        state[key][tuple(slice(0, n) for n in value.shape)] = value
+        if key.endswith("self_attn.o_proj.weight"):  # the new heads' columns write nothing
+            state[key][:, value.shape[1]:] = 0
+    return like(wide, model)
