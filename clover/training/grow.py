@@ -16,6 +16,13 @@ the grouped-query ratio) to every full-attention layer. The new heads start fres
 init, from a fixed seed, so that sibling runs share them) and write nothing yet: their columns of
 `o_proj` are zero. They are the capacity for lookups that the old heads share: recipe key
 `model.grow_heads` with `model.init`.
+
+`grow_heads(model, extra, split=True)` starts the new heads as copies of the first `extra` old
+heads instead (key-value heads with them), and each pair of a head and its copy writes half of what
+the head wrote: the new heads work at full strength from the first step. To break the pair's
+symmetry their query rows move apart, the head's by +delta and the copy's by -delta (delta drawn
+from a fixed seed, `noise` times the rows' std); the pair's mean output moves by the second order
+of delta only. Recipe key `model.grow_heads_from: "split"`.
 """
 
 import copy
@@ -92,12 +99,19 @@ def widened_config(config, extra_heads: int):
     return widened
 
 
+HEAD_ORIGINS = ("fresh", "split")
+
+
 @torch.no_grad()
-def grow_heads(model, extra_heads: int, seed: int = 0):
-    """A new model: `model` with `extra_heads` residual-silent fresh query heads per attention
-    layer (`model` is left as it was, and returned when `extra_heads` is 0)."""
+def grow_heads(model, extra_heads: int, seed: int = 0, split: bool = False, noise: float = 0.2):
+    """A new model: `model` with `extra_heads` more query heads per attention layer, residual-silent
+    fresh heads or (`split`) copies of the first old heads that share their writes (`model` is left
+    as it was, and returned when `extra_heads` is 0)."""
     if not extra_heads:
         return model
+    if split and extra_heads > model.config.num_attention_heads:
+        raise ValueError(f"grow_heads={extra_heads} split from {model.config.num_attention_heads} heads: "
+                         f"each new head copies an old one, so at most {model.config.num_attention_heads}")
     with torch.random.fork_rng(devices=[]):  # the caller's random stream goes on as if not called
         torch.manual_seed(seed)
         wide = type(model)(widened_config(model.config, extra_heads))
@@ -108,4 +122,31 @@ def grow_heads(model, extra_heads: int, seed: int = 0):
         state[key][tuple(slice(0, n) for n in value.shape)] = value
         if key.endswith("self_attn.o_proj.weight"):  # the new heads' columns write nothing
             state[key][:, value.shape[1]:] = 0
+    if split:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for layer in wide.model.layers:
+                if hasattr(layer, "self_attn"):
+                    split_heads(layer.self_attn, model.config.num_attention_heads, extra_heads, noise)
     return like(wide, model)
+
+
+def split_heads(attn, old_heads: int, extra_heads: int, noise: float):
+    """Heads `old_heads + j` (j < `extra_heads`) of a widened attention layer become copies of heads
+    j, their key-value heads copies of j's, each pair writing half and its query rows moved apart."""
+    if attn.q_proj.bias is not None:
+        raise ValueError("grow_heads_from='split' copies projection weights only; this model's attention "
+                         "has biases (attention_bias=True)")
+    dim, group = attn.head_dim, attn.num_heads // attn.num_kv_heads
+    q_gate = attn.q_proj.weight.view(attn.num_heads, 2, dim, -1)  # [H, (query, gate), D, hidden]
+    q_gate[old_heads:] = q_gate[:extra_heads]
+    delta = torch.randn_like(q_gate[:extra_heads, 0]) * noise * q_gate[:old_heads, 0].std()
+    q_gate[:extra_heads, 0] += delta
+    q_gate[old_heads:, 0] -= delta
+    old_kv, extra_kv = old_heads // group, extra_heads // group
+    for proj in (attn.k_proj, attn.v_proj):
+        rows = proj.weight.view(attn.num_kv_heads, dim, -1)  # [H_kv, D, hidden]
+        rows[old_kv:] = rows[:extra_kv]
+    columns = attn.o_proj.weight.view(-1, attn.num_heads, dim)  # [hidden, H, D]
+    columns[:, :extra_heads] /= 2
+    columns[:, old_heads:] = columns[:, :extra_heads]

@@ -6,7 +6,8 @@
       "device": "cpu", "num_threads": 2,
       "model": {"config": {<CloverMoeConfig fields>}} | {"init": "path/to/clover-checkpoint",
                                                           "grow_after": [<layer indices>],
-                                                          "grow_heads": <extra attention heads>},
+                                                          "grow_heads": <extra attention heads>,
+                                                          "grow_heads_from": "fresh" | "split"},
       "tokenizer": {"train": true, "vocab_size": 3000, "n_examples": 3000, "seed": 0,
                     "spacing": "own", "tasks": [...]} | {"path": "dir"},
       "data": {"source": "tasks", "tasks": ["airspace", "joint", "record"], "n_train": 20000,
@@ -32,6 +33,7 @@ import pydantic
 
 from clover.data.tasks import TASKS, task_names
 
+from .grow import HEAD_ORIGINS
 from .trainer import TrainConfig
 
 SOURCES = ("tasks", "digits")
@@ -44,6 +46,7 @@ class ModelRecipe:
     preset: str | None = None  # or a built-in config (`clover info --preset`), `config` overriding it
     grow_after: tuple[int, ...] = ()  # with `init`: insert a residual-silent copy after these layers (grow.py)
     grow_heads: int = 0  # with `init`: this many residual-silent fresh heads per attention layer (grow.py)
+    grow_heads_from: str = "fresh"  # or "split": the new heads copy old ones and share their writes
 
     def __post_init__(self):
         if not self.config and self.init is None and self.preset is None:
@@ -52,6 +55,8 @@ class ModelRecipe:
             raise ValueError(f"recipe.model.grow_after={list(self.grow_after)} needs `init` (a trained model to grow)")
         if self.grow_heads and self.init is None:
             raise ValueError(f"recipe.model.grow_heads={self.grow_heads} needs `init` (a trained model to grow)")
+        if self.grow_heads_from not in HEAD_ORIGINS:
+            raise ValueError(f"recipe.model.grow_heads_from={self.grow_heads_from!r} must be one of {HEAD_ORIGINS}")
 
 
 @dataclass(frozen=True)

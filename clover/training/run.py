@@ -113,7 +113,7 @@ def build_model(recipe: Recipe, tokenizer):
     """(model, token roles): the `init` checkpoint (its mask id wins) or a fresh model."""
     if recipe.model.init:
         model = grow_layers(load_init_model(recipe.model.init), recipe.model.grow_after)
-        model = grow_heads(model, recipe.model.grow_heads)
+        model = grow_heads(model, recipe.model.grow_heads, split=recipe.model.grow_heads_from == "split")
         mask_id = model.config.mask_token_id
         if tokenizer is None:
             return model, dataclasses.replace(DIGIT_ROLES, mask_id=mask_id)

@@ -36,6 +36,8 @@ def test_minimal_recipe_and_defaults():
      r"max_level_per='row' must be one of \('block', 'step'\)"),
     ({"model": {"config": {"hidden_size": 32}, "grow_after": [1]}}, r"grow_after=\[1\] needs `init`"),
     ({"model": {"config": {"hidden_size": 32}, "grow_heads": 4}}, r"grow_heads=4 needs `init`"),
+    ({"model": {"init": "x", "grow_heads": 4, "grow_heads_from": "copy"}},
+     r"grow_heads_from='copy' must be one of \('fresh', 'split'\)"),
     ({"data": {"tasks": ["joint"], "task_weights": {"record": 2}}}, r"task_weights=\{'record': 2\}"),
     ({"data": {"task_weights": {"joint": 0}}}, r"task_weights=\{'joint': 0\}"),
     ({"data": {"task_weights": {"jiont": 2}}}, r"task_weights=\{'jiont': 2\}.*'joint'"),  # all tasks
@@ -330,15 +332,17 @@ def test_a_stage_1_probe_differs_from_the_second_lineage_stage_1_in_its_model_ch
     assert probe.model == dataclasses.replace(stage1.model, config={**stage1.model.config, **change})
 
 
-# Width probes of the embedded model: each is a third-round continuation with fresh attention heads.
-HEADS_PROBES = {"heads_a_cpu": "curriculum_soup3_a_cpu", "heads_b_cpu": "curriculum_soup3_b_cpu"}
+# Width probes of the embedded model: each is a third-round continuation with added attention heads.
+HEADS_PROBES = {"heads_a_cpu": "curriculum_soup3_a_cpu", "heads_b_cpu": "curriculum_soup3_b_cpu",
+                "heads_split_a_cpu": "curriculum_soup3_a_cpu", "heads_split_b_cpu": "curriculum_soup3_b_cpu"}
 
 
 @pytest.mark.parametrize("name", sorted(HEADS_PROBES))
 def test_a_heads_probe_differs_from_its_continuation_in_the_added_heads_alone(name):
     """Same init, data seed, noise and schedule as the continuation it pairs with, so that their
-    losses and their evals compare step by step; only `model.grow_heads` differs."""
+    losses and their evals compare step by step; only the added heads differ."""
     probe, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in (name, HEADS_PROBES[name]))
     assert probe.train == control.train and probe.data == control.data and probe.tokenizer == control.tokenizer
     assert probe.model.grow_heads > 0 and control.model.grow_heads == 0
-    assert probe.model == dataclasses.replace(control.model, grow_heads=probe.model.grow_heads)
+    assert probe.model == dataclasses.replace(control.model, grow_heads=probe.model.grow_heads,
+                                              grow_heads_from=probe.model.grow_heads_from)
