@@ -122,7 +122,7 @@ def grow_heads(model, extra_heads: int, seed: int = 0, split: bool = False, nois
         state[key][tuple(slice(0, n) for n in value.shape)] = value
         if key.endswith("self_attn.o_proj.weight"):  # the new heads' columns write nothing
             state[key][:, value.shape[1]:] = 0
-    if split:
+    if split:  # the new heads' rows and columns, fresh and silent so far, become the old heads' copies
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for layer in wide.model.layers:
