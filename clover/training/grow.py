@@ -112,6 +112,9 @@ def grow_heads(model, extra_heads: int, seed: int = 0, split: bool = False, nois
     if split and extra_heads > model.config.num_attention_heads:
         raise ValueError(f"grow_heads={extra_heads} split from {model.config.num_attention_heads} heads: "
                          f"each new head copies an old one, so at most {model.config.num_attention_heads}")
+    if split and model.config.attention_bias:
+        raise ValueError("grow_heads_from='split' copies projection weights only; this model's attention "
+                         "has biases (attention_bias=True)")
     with torch.random.fork_rng(devices=[]):  # the caller's random stream goes on as if not called
         torch.manual_seed(seed)
         wide = type(model)(widened_config(model.config, extra_heads))
@@ -134,9 +137,6 @@ def grow_heads(model, extra_heads: int, seed: int = 0, split: bool = False, nois
 def split_heads(attn, old_heads: int, extra_heads: int, noise: float):
     """Heads `old_heads + j` (j < `extra_heads`) of a widened attention layer become copies of heads
     j, their key-value heads copies of j's, each pair writing half and its query rows moved apart."""
-    if attn.q_proj.bias is not None:
-        raise ValueError("grow_heads_from='split' copies projection weights only; this model's attention "
-                         "has biases (attention_bias=True)")
     dim, group = attn.head_dim, attn.num_heads // attn.num_kv_heads
     q_gate = attn.q_proj.weight.view(attn.num_heads, 2, dim, -1)  # [H, (query, gate), D, hidden]
     q_gate[old_heads:] = q_gate[:extra_heads]

@@ -53,11 +53,16 @@ def test_grown_model_computes_what_the_init_computes(grown_pair, request):
                                        model(seq, block_len=block_len).logits, rtol=0, atol=atol)
 
 
-def test_training_reaches_the_copies():
-    grown = grow_layers(tiny_model(seed=3), [3])
+def backward_once(model):
+    """`model` after one next-token loss's backward pass on random ids (its grads filled)."""
     seq = random_ids(2, 24, seed=1)
-    logits = grown(seq[:, :-1]).logits
+    logits = model(seq[:, :-1]).logits
     torch.nn.functional.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten()).backward()
+    return model
+
+
+def test_training_reaches_the_copies():
+    grown = backward_once(grow_layers(tiny_model(seed=3), [3]))
     copy = grown.model.layers[4]
     for writes in (copy.self_attn.o_proj.weight, copy.mlp.shared_expert.down_proj.weight):
         assert writes.grad.abs().sum() > 0  # the zeroed projections learn first
@@ -80,10 +85,7 @@ def test_widened_layout_keeps_the_old_heads_and_silences_the_new(widened):
 
 
 def test_training_reaches_the_new_heads():
-    wide = grow_heads(tiny_model(seed=3), 4)
-    seq = random_ids(2, 24, seed=1)
-    logits = wide(seq[:, :-1]).logits
-    torch.nn.functional.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten()).backward()
+    wide = backward_once(grow_heads(tiny_model(seed=3), 4))
     o_proj = wide.model.layers[3].self_attn.o_proj.weight
     assert o_proj.grad[:, 4 * wide.config.head_dim:].abs().sum() > 0
 
@@ -117,10 +119,7 @@ def test_split_heads_move_the_output_by_the_second_order_of_their_noise():
 
 
 def test_split_heads_learn_apart():
-    wide = grow_heads(tiny_model(seed=3), 4, split=True)
-    seq = random_ids(2, 24, seed=1)
-    logits = wide(seq[:, :-1]).logits
-    torch.nn.functional.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten()).backward()
+    wide = backward_once(grow_heads(tiny_model(seed=3), 4, split=True))
     grad = wide.model.layers[3].self_attn.o_proj.weight.grad.view(-1, 8, wide.config.head_dim)
     assert (grad[:, 4:] - grad[:, :4]).abs().max() > 1e-3 * grad.abs().max()  # each copy learns its own
 
