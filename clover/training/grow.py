@@ -23,6 +23,12 @@ the head wrote: the new heads work at full strength from the first step. To brea
 symmetry their query rows move apart, the head's by +delta and the copy's by -delta (delta drawn
 from a fixed seed, `noise` times the rows' std); the pair's mean output moves by the second order
 of delta only. Recipe key `model.grow_heads_from: "split"`.
+
+`new_head_scales(model, extra_heads, lr_scale)` gives the new heads their own learning rate: for
+each attention projection, a per-element multiplier of its update that is `lr_scale` on the new
+heads' rows and columns and 1 elsewhere (`optim.scaled_updates`). Fresh heads grafted at a
+continuation's rate stay small; at a fresh model's rate they can be recruited. Recipe key
+`model.grow_heads_lr`.
 """
 
 import copy
@@ -150,3 +156,23 @@ def split_heads(attn, old_heads: int, extra_heads: int, noise: float):
     columns = attn.o_proj.weight.view(-1, attn.num_heads, dim)  # [hidden, H, D]
     columns[:, :extra_heads] /= 2
     columns[:, old_heads:] = columns[:, :extra_heads]
+
+
+def new_head_scales(model, extra_heads: int, lr_scale: float) -> dict[str, torch.Tensor]:
+    """Parameter name -> per-element update multiplier: `lr_scale` on the last `extra_heads` query
+    heads of every attention layer (their query and gate rows, their key-value heads' rows, their
+    `o_proj` columns) and 1 on every other element of those projections."""
+    scales = {}
+    for name, param in model.named_parameters():
+        if ".self_attn." not in name or not name.endswith("_proj.weight"):
+            continue
+        attn = model.get_submodule(name.rsplit(".", 2)[0])
+        heads = attn.num_heads if name.endswith(("q_proj.weight", "o_proj.weight")) else attn.num_kv_heads
+        new = extra_heads * heads // attn.num_heads  # new key-value heads keep the group ratio
+        scale = torch.ones_like(param)
+        if name.endswith("o_proj.weight"):
+            scale.view(scale.shape[0], heads, -1)[:, heads - new:] = lr_scale  # [hidden, H, D]
+        else:
+            scale.view(heads, -1, scale.shape[1])[heads - new:] = lr_scale  # [H(_kv), (query, gate) D, hidden]
+        scales[name] = scale
+    return scales

@@ -1,6 +1,9 @@
-"""AdamW with decoupled weight decay on matrices only, and a linear warm-up + cosine schedule."""
+"""AdamW with decoupled weight decay on matrices only, a linear warm-up + cosine schedule, and
+per-element update multipliers (a per-element learning rate)."""
 
 import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -31,3 +34,15 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float = 0.1):
 def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
                     min_ratio: float = 0.1) -> LambdaLR:
     return LambdaLR(optimizer, warmup_cosine(warmup_steps, total_steps, min_ratio))
+
+
+@contextmanager
+def scaled_updates(scales: Mapping[torch.nn.Parameter, torch.Tensor]) -> Iterator[None]:
+    """An optimizer step taken inside moves each listed parameter by its per-element `scale` times
+    the step it took. For AdamW that is a per-element learning rate, decoupled weight decay
+    included: its moments do not depend on the rate, and its whole step is proportional to it."""
+    before = [(param, param.detach().clone(), scale) for param, scale in scales.items()]
+    yield
+    with torch.no_grad():
+        for param, old, scale in before:
+            param.copy_(torch.lerp(old, param, scale))  # old + scale * (new - old)

@@ -7,7 +7,8 @@
       "model": {"config": {<CloverMoeConfig fields>}} | {"init": "path/to/clover-checkpoint",
                                                           "grow_after": [<layer indices>],
                                                           "grow_heads": <extra attention heads>,
-                                                          "grow_heads_from": "fresh" | "split"},
+                                                          "grow_heads_from": "fresh" | "split",
+                                                          "grow_heads_lr": <the new heads' lr multiple>},
       "tokenizer": {"train": true, "vocab_size": 3000, "n_examples": 3000, "seed": 0,
                     "spacing": "own", "tasks": [...]} | {"path": "dir"},
       "data": {"source": "tasks", "tasks": ["airspace", "joint", "record"], "n_train": 20000,
@@ -47,6 +48,7 @@ class ModelRecipe:
     grow_after: tuple[int, ...] = ()  # with `init`: insert a residual-silent copy after these layers (grow.py)
     grow_heads: int = 0  # with `init`: this many residual-silent fresh heads per attention layer (grow.py)
     grow_heads_from: str = "fresh"  # or "split": the new heads copy old ones and share their writes
+    grow_heads_lr: float = 1.0  # the new heads' learning rate, as a multiple of the run's
 
     def __post_init__(self):
         if not self.config and self.init is None and self.preset is None:
@@ -57,6 +59,10 @@ class ModelRecipe:
             raise ValueError(f"recipe.model.grow_heads={self.grow_heads} needs `init` (a trained model to grow)")
         if self.grow_heads_from not in HEAD_ORIGINS:
             raise ValueError(f"recipe.model.grow_heads_from={self.grow_heads_from!r} must be one of {HEAD_ORIGINS}")
+        if not self.grow_heads_lr > 0:
+            raise ValueError(f"recipe.model.grow_heads_lr={self.grow_heads_lr} must be > 0")
+        if self.grow_heads_lr != 1 and not self.grow_heads:
+            raise ValueError(f"recipe.model.grow_heads_lr={self.grow_heads_lr} needs grow_heads (new heads to scale)")
 
 
 @dataclass(frozen=True)

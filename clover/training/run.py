@@ -18,7 +18,7 @@ from .distributed import DistInfo, barrier, device_for, init_distributed, shutdo
 from .evaluation import combine, loss_evaluator, task_evaluator
 from .export import export_checkpoint
 from .fit import fit_steps, fitted_config, forget_fit, measure_step_seconds, save_fit
-from .grow import grow_heads, grow_layers, grown_config, widened_config
+from .grow import grow_heads, grow_layers, grown_config, new_head_scales, widened_config
 from .recipe import Recipe, save_recipe
 from .sharding import full_state_dict, is_sharded
 from .sources import (DIGIT_ROLES, DIGIT_VOCAB, DigitTask, TokenRoles, build_tasks, encode_examples,
@@ -210,7 +210,10 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
     dataset, eval_fn = build_data(recipe, tokenizer, roles, model)
     if fit_minutes is not None:
         recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir)
-    trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress)
+    scales = None
+    if recipe.model.grow_heads_lr != 1:
+        scales = new_head_scales(model, recipe.model.grow_heads, recipe.model.grow_heads_lr)
+    trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress, scales)
     if resume and not trainer.resume():
         trainer.log("resume requested but no checkpoint found: starting from step 0")
     summary = trainer.train(max_steps=max_steps, max_minutes=max_minutes)

@@ -27,7 +27,7 @@ from .activation_checkpointing import checkpoint_layers
 from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
 from .noising import LEVEL_UNITS, noise_generator, sample_example_noise, step_level_bounds
-from .optim import build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler, scaled_updates
 from .sharding import STRATEGIES, clip_gradients, distribute, shard_fsdp, sync_replicated_grads
 
 EvalFn = Callable[[torch.nn.Module, int], dict[str, float]]
@@ -109,14 +109,20 @@ class TrainSummary:
 class Trainer:
     def __init__(self, model: torch.nn.Module, config: TrainConfig, dataset: PairDataset,
                  run_dir: str | Path | None = None, eval_fn: EvalFn | None = None,
-                 dist: DistInfo = DistInfo(), progress: bool = True):
+                 dist: DistInfo = DistInfo(), progress: bool = True,
+                 update_scales: dict[str, torch.Tensor] | None = None):
+        """`update_scales`: parameter name -> per-element multiplier of its updates (optim.py)."""
         self.model, self.config, self.dataset, self.dist = model, config, dataset, dist
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.eval_fn, self.progress = eval_fn, progress
         self.device = next(model.parameters()).device
+        params = dict(model.named_parameters())  # before any wrapper renames them
+        self.update_scales = {params[name]: scale.to(self.device) for name, scale in (update_scales or {}).items()}
         if config.activation_checkpointing:
             checkpoint_layers(model)
         self.sharded = config.strategy == "fsdp" and dist.enabled
+        if update_scales and self.sharded:
+            raise ValueError("per-element update scales need whole parameters: use strategy 'ddp', not 'fsdp'")
         self.replicated = shard_fsdp(model, config.dtype) if self.sharded else []
         loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset)
         self.engine = distribute(loss, model, config.strategy, dist)
@@ -158,7 +164,8 @@ class Trainer:
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = clip_gradients(params, max_norm)
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
+        with scaled_updates(self.update_scales):
+            self.optimizer.step()
         self.scheduler.step()
         self.step += 1
         loss, l_ar, l_diff, tokens = all_reduce_sum(

@@ -5,7 +5,8 @@ import pytest
 import torch
 from tiny import TINY_MASK, random_ids, tiny_model
 
-from clover.training.grow import grow_heads, grow_layers, grown_config, layer_sources, widened_config
+from clover.training.grow import (grow_heads, grow_layers, grown_config, layer_sources, new_head_scales,
+                                  widened_config)
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +136,19 @@ def test_bad_indices_are_refused_by_value():
     assert grow_heads(model, 0) is model
     with pytest.raises(ValueError, match="grow_heads=6 split from 4 heads: .* at most 4"):
         grow_heads(model, 6, split=True)
+
+
+def test_new_head_scales_cover_the_new_heads_alone(widened):
+    _, wide = widened  # 4 + 4 query heads on 2 + 2 key-value heads
+    scales = new_head_scales(wide, 4, 10.0)
+    dim = wide.config.head_dim
+    assert sorted(scales) == sorted(f"model.layers.3.self_attn.{p}_proj.weight" for p in "qkvo")
+    new_rows = {"q": slice(4 * 2 * dim, None), "k": slice(2 * dim, None), "v": slice(2 * dim, None)}
+    for p, rows in new_rows.items():
+        scale = scales[f"model.layers.3.self_attn.{p}_proj.weight"]
+        expected = torch.ones_like(scale)
+        expected[rows] = 10.0
+        assert torch.equal(scale, expected), p
+    o_scale = torch.ones(wide.config.hidden_size, 8 * dim)
+    o_scale[:, 4 * dim:] = 10.0
+    assert torch.equal(scales["model.layers.3.self_attn.o_proj.weight"], o_scale)

@@ -38,6 +38,8 @@ def test_minimal_recipe_and_defaults():
     ({"model": {"config": {"hidden_size": 32}, "grow_heads": 4}}, r"grow_heads=4 needs `init`"),
     ({"model": {"init": "x", "grow_heads": 4, "grow_heads_from": "copy"}},
      r"grow_heads_from='copy' must be one of \('fresh', 'split'\)"),
+    ({"model": {"init": "x", "grow_heads": 4, "grow_heads_lr": 0}}, r"grow_heads_lr=0.0 must be > 0"),
+    ({"model": {"init": "x", "grow_heads_lr": 10}}, r"grow_heads_lr=10.0 needs grow_heads"),
     ({"data": {"tasks": ["joint"], "task_weights": {"record": 2}}}, r"task_weights=\{'record': 2\}"),
     ({"data": {"task_weights": {"joint": 0}}}, r"task_weights=\{'joint': 0\}"),
     ({"data": {"task_weights": {"jiont": 2}}}, r"task_weights=\{'jiont': 2\}.*'joint'"),  # all tasks
@@ -334,7 +336,8 @@ def test_a_stage_1_probe_differs_from_the_second_lineage_stage_1_in_its_model_ch
 
 # Width probes of the embedded model: each is a third-round continuation with added attention heads.
 HEADS_PROBES = {"heads_a_cpu": "curriculum_soup3_a_cpu", "heads_b_cpu": "curriculum_soup3_b_cpu",
-                "heads_split_a_cpu": "curriculum_soup3_a_cpu", "heads_split_b_cpu": "curriculum_soup3_b_cpu"}
+                "heads_split_a_cpu": "curriculum_soup3_a_cpu", "heads_split_b_cpu": "curriculum_soup3_b_cpu",
+                "heads_lr_a_cpu": "curriculum_soup3_a_cpu", "heads_lr_b_cpu": "curriculum_soup3_b_cpu"}
 
 
 @pytest.mark.parametrize("name", sorted(HEADS_PROBES))
@@ -345,4 +348,5 @@ def test_a_heads_probe_differs_from_its_continuation_in_the_added_heads_alone(na
     assert probe.train == control.train and probe.data == control.data and probe.tokenizer == control.tokenizer
     assert probe.model.grow_heads > 0 and control.model.grow_heads == 0
     assert probe.model == dataclasses.replace(control.model, grow_heads=probe.model.grow_heads,
-                                              grow_heads_from=probe.model.grow_heads_from)
+                                              grow_heads_from=probe.model.grow_heads_from,
+                                              grow_heads_lr=probe.model.grow_heads_lr)

@@ -84,3 +84,23 @@ def test_max_level_reaches_the_training_noise(monkeypatch):
     # max_level_per "step": every other step (steps 1 and 3) has only levels below max_level
     tops = [step.max().item() for step in levels_per_step(4, max_level=0.3, max_level_share=0.5, max_level_per="step")]
     assert tops[1] < 0.3 and tops[3] < 0.3 and max(tops[0], tops[2]) >= 0.3
+
+
+def test_update_scales_multiply_the_first_step_where_they_say():
+    """Same weights, same batch: the scaled trainer's first step is the plain one's, times the
+    scale element by element (AdamW's first step does not depend on the moments' history)."""
+    plain = Trainer(digits_model(seed=1), _config(), digits_dataset(4), progress=False)
+    name, param = next((n, p) for n, p in plain.model.named_parameters() if p.ndim == 2)
+    scale = torch.ones_like(param)
+    scale[: len(scale) // 2] = 4.0
+    scaled = Trainer(digits_model(seed=1), _config(), digits_dataset(4), progress=False,
+                     update_scales={name: scale})
+    start = param.detach().clone()
+    for trainer in (plain, scaled):
+        trainer.train_step()
+    steps = [dict(t.model.named_parameters())[name].detach() - start for t in (plain, scaled)]
+    assert steps[0].abs().sum() > 0
+    torch.testing.assert_close(steps[1], steps[0] * scale, rtol=1e-4, atol=1e-8)
+    for (n, a), (_, b) in zip(plain.model.named_parameters(), scaled.model.named_parameters()):
+        if n != name:
+            assert torch.equal(a, b), n
