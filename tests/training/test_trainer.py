@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from clover.training.distributed import DistInfo
 from clover.training.trainer import TrainConfig, Trainer
 from tests.training.conftest import digits_dataset, digits_model
 
@@ -104,3 +105,11 @@ def test_update_scales_multiply_the_first_step_where_they_say():
     for (n, a), (_, b) in zip(plain.model.named_parameters(), scaled.model.named_parameters()):
         if n != name:
             assert torch.equal(a, b), n
+
+
+def test_update_scales_under_fsdp_are_refused_before_any_sharding():
+    model = digits_model(seed=1)
+    name = next(n for n, p in model.named_parameters() if p.ndim == 2)
+    with pytest.raises(ValueError, match="update scales need whole parameters: use strategy 'ddp', not 'fsdp'"):
+        Trainer(model, _config(strategy="fsdp"), digits_dataset(4), progress=False, dist=DistInfo(world_size=2),
+                update_scales={name: torch.ones_like(dict(model.named_parameters())[name])})
