@@ -39,8 +39,10 @@ def main():
     print("| run | step | layer | old heads' mean norm | new heads' mean norm | new / old |")
     print("|---|---:|---:|---:|---:|---:|")
     for run in args.runs:
-        init = Path(json.loads((run / "recipe.json").read_text())["model"]["init"])
-        head_dim = json.loads((init / "config.json").read_text())["head_dim"]
+        init = json.loads((run / "recipe.json").read_text())["model"].get("init")
+        if not init:
+            parser.error(f"{run} was trained from a fresh model, not grown from an init: it added no heads")
+        head_dim = json.loads((Path(init) / "config.json").read_text())["head_dim"]
         for folder in sorted((run / "checkpoints").glob("step-*")):
             step = int(folder.name.split("-")[1])
             if step % args.every:
