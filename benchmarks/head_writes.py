@@ -2,10 +2,11 @@
 norm of its `o_proj` columns, for the old heads and for the heads a run added (`model.grow_heads`).
 A new head whose columns stay small is one training never recruited.
 
-    python benchmarks/head_writes.py runs/heads-a runs/heads-lr-a --old-heads 8 [--every 1000]
+    python benchmarks/head_writes.py runs/heads-a runs/heads-lr-a [--every 1000]
 
 Prints a markdown table: per run and checkpoint step, per attention layer, the old heads' and the
-new heads' mean column norm and their ratio.
+new heads' mean column norm and their ratio. The old heads are the first `num_attention_heads` of the
+run's init (`model.init` in the run's recipe.json).
 """
 
 import argparse
@@ -33,7 +34,6 @@ def head_writes(shard: Path, head_dim: int) -> dict[int, list[float]]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders of `clover train` with added heads")
-    parser.add_argument("--old-heads", type=int, required=True, help="query heads the init had")
     parser.add_argument("--every", type=int, default=1000, help="checkpoint steps to show (multiples of it)")
     args = parser.parse_args()
     print("| run | step | layer | old heads' mean norm | new heads' mean norm | new / old |")
@@ -42,14 +42,15 @@ def main():
         init = json.loads((run / "recipe.json").read_text())["model"].get("init")
         if not init:
             parser.error(f"{run} was trained from a fresh model, not grown from an init: it added no heads")
-        head_dim = json.loads((Path(init) / "config.json").read_text())["head_dim"]
+        config = json.loads((Path(init) / "config.json").read_text())
+        head_dim, old_heads = config["head_dim"], config["num_attention_heads"]
         for folder in sorted((run / "checkpoints").glob("step-*")):
             step = int(folder.name.split("-")[1])
             if step % args.every:
                 continue
             shard, = folder.glob("shard-*model*.safetensors")
             for layer, norms in sorted(head_writes(shard, head_dim).items()):
-                old, new = norms[:args.old_heads], norms[args.old_heads:]
+                old, new = norms[:old_heads], norms[old_heads:]
                 old_mean, new_mean = sum(old) / len(old), sum(new) / max(1, len(new))
                 print(f"| {run.name} | {step} | {layer} | {old_mean:.3f} | {new_mean:.3f} | {new_mean / old_mean:.3f} |")
 

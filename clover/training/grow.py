@@ -108,6 +108,11 @@ def widened_config(config, extra_heads: int):
 HEAD_ORIGINS = ("fresh", "split")
 
 
+def old_part(shape: torch.Size) -> tuple[slice, ...]:
+    """Where a tensor of the init's `shape` sits in its widened tensor: first along every dim."""
+    return tuple(slice(0, n) for n in shape)
+
+
 @torch.no_grad()
 def grow_heads(model, extra_heads: int, seed: int = 0, split: bool = False, noise: float = 0.2):
     """A new model: `model` with `extra_heads` more query heads per attention layer, residual-silent
@@ -128,7 +133,7 @@ def grow_heads(model, extra_heads: int, seed: int = 0, split: bool = False, nois
     for key, value in model.state_dict().items():
         # Old heads come first along every widened dim: q_proj rows [H * (query D, gate D)], k_proj
         # and v_proj rows [H_kv * D], o_proj columns [H * D]; every other tensor keeps its shape.
-        state[key][tuple(slice(0, n) for n in value.shape)] = value
+        state[key][old_part(value.shape)] = value
         if key.endswith("self_attn.o_proj.weight"):  # the new heads' columns write nothing
             state[key][:, value.shape[1]:] = 0
     if split:  # the new heads' rows and columns, fresh and silent so far, become the old heads' copies
@@ -159,20 +164,18 @@ def split_heads(attn, old_heads: int, extra_heads: int, noise: float):
 
 
 def new_head_scales(model, extra_heads: int, lr_scale: float) -> dict[str, torch.Tensor]:
-    """Parameter name -> per-element update multiplier: `lr_scale` on the last `extra_heads` query
-    heads of every attention layer (their query and gate rows, their key-value heads' rows, their
-    `o_proj` columns) and 1 on every other element of those projections."""
+    """Parameter name -> per-element update multiplier for each tensor that `grow_heads` widened:
+    `lr_scale` on the last `extra_heads` query heads' elements (outside the init's shape, as
+    `grow_heads` lays them out) and 1 on the old heads'."""
+    group = model.config.num_attention_heads // model.config.num_key_value_heads
+    narrow = copy.deepcopy(model.config)  # the config `grow_heads` widened
+    narrow.num_attention_heads -= extra_heads
+    narrow.num_key_value_heads -= extra_heads // group
+    with torch.device("meta"):  # shapes only
+        old_shapes = {name: param.shape for name, param in type(model)(narrow).named_parameters()}
     scales = {}
     for name, param in model.named_parameters():
-        if ".self_attn." not in name or not name.endswith("_proj.weight"):
-            continue
-        attn = model.get_submodule(name.rsplit(".", 2)[0])
-        heads = attn.num_heads if name.endswith(("q_proj.weight", "o_proj.weight")) else attn.num_kv_heads
-        new = extra_heads * heads // attn.num_heads  # new key-value heads keep the group ratio
-        scale = torch.ones_like(param)
-        if name.endswith("o_proj.weight"):
-            scale.view(scale.shape[0], heads, -1)[:, heads - new:] = lr_scale  # [hidden, H, D]
-        else:
-            scale.view(heads, -1, scale.shape[1])[heads - new:] = lr_scale  # [H(_kv), (query, gate) D, hidden]
-        scales[name] = scale
+        if param.shape != old_shapes[name]:
+            scales[name] = torch.full_like(param, lr_scale)
+            scales[name][old_part(old_shapes[name])] = 1
     return scales

@@ -210,9 +210,8 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
     dataset, eval_fn = build_data(recipe, tokenizer, roles, model)
     if fit_minutes is not None:
         recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir)
-    scales = None
-    if recipe.model.grow_heads_lr != 1:
-        scales = new_head_scales(model, recipe.model.grow_heads, recipe.model.grow_heads_lr)
+    scales = (new_head_scales(model, recipe.model.grow_heads, recipe.model.grow_heads_lr)
+              if recipe.model.grow_heads_lr != 1 else None)
     trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress, scales)
     if resume and not trainer.resume():
         trainer.log("resume requested but no checkpoint found: starting from step 0")
