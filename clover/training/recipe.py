@@ -12,7 +12,8 @@
       "tokenizer": {"train": true, "vocab_size": 3000, "n_examples": 3000, "seed": 0,
                     "spacing": "own", "tasks": [...]} | {"path": "dir"},
       "data": {"source": "tasks", "tasks": ["airspace", "joint", "record"], "n_train": 20000,
-               "seed": 0, "n_eval_per_task": 16, ...},
+               "seed": 0, "n_eval_per_task": 16, ...,
+               "mine_pool": 0, "mine_share": 0.5, "mine_seed": 1},   # optional hard examples
       "train": {<TrainConfig fields: steps, batch_size, block_size, alpha, eps, lr, ...>},
       "generation": {<generation_config.json overrides, e.g. "presence_penalty": 0.0>}
     }
@@ -103,6 +104,12 @@ class DataRecipe:
     max_response_len: int | None = None  # ... or longer responses (EOS included, before block padding)
     group_by_length: bool = True  # batch examples of similar length together (less padding)
     digits: dict[str, Any] = field(default_factory=dict)  # DigitTask options (min_len, max_len, ops)
+    # hard-example mining (clover.training.mining): `mine_pool` fresh examples drawn with
+    # `mine_seed`, scored by the starting model; the `mine_share` of each task's with the largest
+    # answer loss join the `n_train` examples
+    mine_pool: int = 0
+    mine_share: float = 0.5
+    mine_seed: int | None = None
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -114,6 +121,16 @@ class DataRecipe:
                              f"the trained tasks {list(trained)}")
         if not 0.0 <= self.thinking_fraction <= 1.0:
             raise ValueError(f"recipe.data.thinking_fraction={self.thinking_fraction} must be in [0, 1]")
+        if self.mine_pool < 0:
+            raise ValueError(f"recipe.data.mine_pool={self.mine_pool} must be >= 0")
+        if self.mine_pool:
+            if self.source != "tasks":
+                raise ValueError(f"recipe.data.mine_pool needs source 'tasks', not {self.source!r}")
+            if not 0.0 < self.mine_share <= 1.0:
+                raise ValueError(f"recipe.data.mine_share={self.mine_share} must be in (0, 1]")
+            if self.mine_seed is None or self.mine_seed == self.seed:
+                raise ValueError(f"recipe.data.mine_seed={self.mine_seed} must be set and differ from "
+                                 f"recipe.data.seed={self.seed} (the pool must be fresh examples)")
 
 
 @dataclass(frozen=True)

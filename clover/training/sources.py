@@ -95,11 +95,18 @@ def task_train_pairs(tokenizer, tasks, n: int, seed: int, enable_thinking: bool 
                      thinking_fraction: float = 0.0) -> list[Pair]:
     """`n` training pairs; with `thinking_fraction` > 0 that share of them (drawn with `seed`) is
     in thinking mode (the model writes its own think block) and the rest use `enable_thinking`."""
+    return task_train_examples(tokenizer, tasks, n, seed, enable_thinking, thinking_fraction)[2]
+
+
+def task_train_examples(tokenizer, tasks, n: int, seed: int, enable_thinking: bool = False,
+                        thinking_fraction: float = 0.0) -> tuple[list, list[bool], list[Pair]]:
+    """(the examples, their thinking modes, their pairs) of `task_train_pairs`."""
     from clover.data.corpus import training_examples
 
     rng = random.Random(f"thinking|{seed}")
     modes = [True if rng.random() < thinking_fraction else enable_thinking for _ in range(n)]
-    return encode_examples(tokenizer, training_examples(n, seed, tasks), modes)
+    examples = training_examples(n, seed, tasks)
+    return examples, modes, encode_examples(tokenizer, examples, modes)
 
 
 def task_eval_examples(tasks, n_per_task: int, seed: int) -> list:

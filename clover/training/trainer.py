@@ -272,15 +272,11 @@ class Trainer:
     # -- logs -----------------------------------------------------------------------------------
 
     def log(self, message: str) -> None:
-        if self.dist.is_main and self.run_dir is not None:
-            with open(self.run_dir / "train.log", "a", encoding="utf-8") as f:
-                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+        log_line(self.run_dir, self.dist, message)
 
     def warn(self, message: str) -> None:
         """A warning in train.log and on stderr (rank 0)."""
-        self.log(f"warning: {message}")
-        if self.dist.is_main:
-            print(f"warning: {message}", file=sys.stderr, flush=True)
+        log_line(self.run_dir, self.dist, f"warning: {message}", echo=True)
 
     def _log_metrics(self, metrics: dict, text: bool = False) -> None:
         """One JSON line in metrics.jsonl; also in train.log when `text`."""
@@ -290,6 +286,17 @@ class Trainer:
                 f.write(line + "\n")
             if text:
                 self.log(line)
+
+
+def log_line(run_dir: Path | None, dist: DistInfo, message: str, echo: bool = False) -> None:
+    """One timestamped line in `run_dir/train.log` (rank 0); also on stderr when `echo`."""
+    if not dist.is_main:
+        return
+    if run_dir is not None:
+        with open(Path(run_dir) / "train.log", "a", encoding="utf-8") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+    if echo:
+        print(message, file=sys.stderr, flush=True)
 
 
 def _jsonable(value):

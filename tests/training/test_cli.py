@@ -234,3 +234,21 @@ def test_fit_minutes_must_be_positive():
     assert fit_steps(config, 100.0, 1.0).steps == 6  # never fewer than warm-up + 1
     with pytest.raises(ValueError, match="--fit-minutes=0 must be positive"):
         fit_steps(config, 0.5, 0)
+
+
+def test_mining_adds_the_hardest_half_of_each_tasks_pool(tmp_path, capsys):
+    """`data.mine_pool`: the run scores a fresh pool with the starting model and logs, for each task
+    and turn, how many it kept of how many, and the loss they start at."""
+    data = _recipe(tmp_path)
+    data["data"].update(mine_pool=16, mine_share=0.5, mine_seed=7)
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(data))
+    run = tmp_path / "run"
+    assert main(["train", str(recipe), "--output", str(run), "--no-progress", "--max-steps", "1"]) == 0
+    assert "mining: scored" in capsys.readouterr().err
+    kept = re.findall(r"mining: (\w+) \(direct\): kept (\d+) of (\d+), answer loss >= ([\d.]+) nats "
+                      r"\(pool mean ([\d.]+), kept mean ([\d.]+)\)", (run / "train.log").read_text())
+    assert sorted(k[0] for k in kept) == ["joint", "record"]
+    for _, n_kept, n_pool, floor, pool_mean, kept_mean in kept:
+        assert int(n_kept) == round(int(n_pool) / 2) and 0 < int(n_pool) <= 8
+        assert float(kept_mean) >= float(pool_mean) and float(kept_mean) >= float(floor)

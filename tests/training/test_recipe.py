@@ -40,6 +40,11 @@ def test_minimal_recipe_and_defaults():
      r"grow_heads_from='copy' must be one of \('fresh', 'split'\)"),
     ({"model": {"init": "x", "grow_heads": 4, "grow_heads_lr": 0}}, r"grow_heads_lr=0.0 must be > 0"),
     ({"model": {"init": "x", "grow_heads_lr": 10}}, r"grow_heads_lr=10.0 needs grow_heads"),
+    ({"data": {"mine_pool": -1}}, r"mine_pool=-1 must be >= 0"),
+    ({"data": {"mine_pool": 10, "mine_seed": 1, "mine_share": 0}}, r"mine_share=0.0 must be in \(0, 1\]"),
+    ({"data": {"mine_pool": 10}}, r"mine_seed=None must be set and differ from recipe.data.seed=0"),
+    ({"data": {"mine_pool": 10, "seed": 4, "mine_seed": 4}}, r"mine_seed=4 must be set and differ"),
+    ({"data": {"source": "digits", "mine_pool": 10, "mine_seed": 1}}, r"mine_pool needs source 'tasks'"),
     ({"data": {"tasks": ["joint"], "task_weights": {"record": 2}}}, r"task_weights=\{'record': 2\}"),
     ({"data": {"task_weights": {"joint": 0}}}, r"task_weights=\{'joint': 0\}"),
     ({"data": {"task_weights": {"jiont": 2}}}, r"task_weights=\{'jiont': 2\}.*'joint'"),  # all tasks
@@ -350,3 +355,21 @@ def test_a_heads_probe_differs_from_its_continuation_in_the_added_heads_alone(na
     assert probe.model == dataclasses.replace(control.model, grow_heads=probe.model.grow_heads,
                                               grow_heads_from=probe.model.grow_heads_from,
                                               grow_heads_lr=probe.model.grow_heads_lr)
+
+
+# Hard-example mining probes: third-round continuations whose data adds the starting model's hardest
+# examples (clover.training.mining) to fewer fresh ones, over as many examples as their steps take.
+MINE_PROBES = {"mine_a_cpu": "curriculum_soup3_a_cpu", "mine_b_cpu": "curriculum_soup3_b_cpu"}
+
+
+@pytest.mark.parametrize("name", sorted(MINE_PROBES))
+def test_a_mining_probe_is_its_continuation_with_mined_data(name):
+    probe, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in (name, MINE_PROBES[name]))
+    assert probe.model == control.model and probe.tokenizer == control.tokenizer
+    assert probe.train == dataclasses.replace(control.train, steps=probe.train.steps)
+    data = probe.data
+    assert data.mine_pool > 0 and data.mine_seed not in (data.seed, control.data.seed)
+    assert data == dataclasses.replace(control.data, n_train=data.n_train, mine_pool=data.mine_pool,
+                                       mine_share=data.mine_share, mine_seed=data.mine_seed)
+    examples = data.n_train + round(data.mine_share * data.mine_pool)
+    assert probe.train.steps * probe.train.batch_size == examples  # one pass

@@ -1,0 +1,67 @@
+"""Hard-example mining: the training examples the starting model finds least likely.
+
+The embedded model's wrong answers are lookups it settles the wrong way at about 0.65 against
+0.35 (BENCHMARKS, "Weight averages"), while its mean loss over a training mix is about 0.01 nats a
+token: nearly every example is already right, so most of a batch teaches little. Mining draws a
+pool of fresh training examples, scores each by the model's teacher-forced causal loss on its
+whole answer (the summed CE, -log p(answer | prompt)), and keeps the hardest share of each task,
+so the mix keeps its task proportions and only the examples within a task change.
+
+    pool   = training_examples(pool_size, seed, tasks)      # fresh: a seed the run does not use
+    loss_i = sum_j CE(causal logits_i,j , response_i,j)     # one no-grad forward per batch
+    keep   = the `share` of each task's pool with the largest loss_i
+"""
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .data import BatchSpec, Pair
+from .loss import causal_logits, token_ce
+
+
+@torch.no_grad()
+def answer_losses(model, pairs: Sequence[Pair], spec: BatchSpec, batch_size: int = 32,
+                  progress: Callable[[int, int], None] | None = None) -> list[float]:
+    """-log p(response | prompt) of each pair under the causal mode, teacher-forced (nats,
+    summed over the response and its EOS). Pairs are scored in batches of similar length;
+    `progress(done, total)` is called after each batch."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i].prompt_ids), len(pairs[i].response_ids)))
+    losses = [0.0] * len(pairs)
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        batch = spec.collate([pairs[i] for i in rows]).to(device)
+        ce = token_ce(causal_logits(model, batch), batch.response_ids)  # [N, R]
+        # a response's block padding is a target, but only its first EOS says anything
+        first_eos = _through_first_eos(batch.response_ids, batch.target_mask, spec.eos_ids or (spec.eos_id,))
+        for row, total in zip(rows, (ce * first_eos).sum(dim=1).tolist()):
+            losses[row] = total
+        if progress is not None:
+            progress(min(start + batch_size, len(order)), len(order))
+    model.train(was_training)
+    return losses
+
+
+def _through_first_eos(response: torch.Tensor, target_mask: torch.Tensor, eos_ids) -> torch.Tensor:
+    """[N, R] float: 1 on each row's targets up to and including its first end-of-response token."""
+    is_eos = torch.isin(response, torch.tensor(eos_ids, device=response.device)) & target_mask
+    before = is_eos.long().cumsum(dim=1) - is_eos.long()  # EOS tokens strictly before each position
+    return (target_mask & (before == 0)).float()
+
+
+def hardest_per_group(losses: Sequence[float], groups: Sequence[str], share: float) -> list[int]:
+    """Indices of the `share` of each group's items with the largest loss (at least one per
+    group), in their original order. Ties keep the earlier item."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share={share} must be in (0, 1]")
+    if len(losses) != len(groups):
+        raise ValueError(f"{len(losses)} losses for {len(groups)} group labels")
+    keep = []
+    for name in dict.fromkeys(groups):
+        members = [i for i, g in enumerate(groups) if g == name]
+        ranked = sorted(members, key=lambda i: (-losses[i], i))
+        keep += ranked[:max(1, round(share * len(members)))]
+    return sorted(keep)
