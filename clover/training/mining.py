@@ -12,12 +12,14 @@ so the mix keeps its task proportions and only the examples within a task change
     keep   = the `share` of each task's pool with the largest loss_i
 """
 
+import time
 from collections.abc import Callable, Sequence
 
 import torch
 
 from .data import BatchSpec, Pair
 from .loss import causal_logits, token_ce
+from .sources import task_train_examples, weighted_tasks
 
 
 @torch.no_grad()
@@ -65,3 +67,31 @@ def hardest_per_group(losses: Sequence[float], groups: Sequence[str], share: flo
         ranked = sorted(members, key=lambda i: (-losses[i], i))
         keep += ranked[:max(1, round(share * len(members)))]
     return sorted(keep)
+
+
+def mine_hard_pairs(data, tokenizer, tasks, spec: BatchSpec, model, fits=lambda pair: True,
+                    log=print) -> list[Pair]:
+    """The hardest `data.mine_share` of the `data.mine_pool` fresh examples (seed `data.mine_seed`)
+    of each task and turn (thinking or not: an answer without its derivation is harder), scored by
+    `model` as it starts; `data` is the recipe's `DataRecipe`, `fits` drops pairs the run would
+    drop (too long)."""
+    examples, modes, pairs = task_train_examples(tokenizer, weighted_tasks(tasks, data.task_weights),
+                                                 data.mine_pool, data.mine_seed, data.enable_thinking,
+                                                 data.thinking_fraction)
+    fitting = [(f"{e.task} ({'thinking' if mode else 'direct'})", p)
+            for e, mode, p in zip(examples, modes, pairs) if fits(p)]
+    groups, pairs = [g for g, _ in fitting], [p for _, p in fitting]
+    start, batch_size, every = time.perf_counter(), 32, max(1, len(pairs) // 10)
+
+    def progress(done, total):
+        if done // every != (done - batch_size) // every or done == total:
+            log(f"mining: scored {done}/{total} examples ({time.perf_counter() - start:.0f} s)")
+
+    losses = answer_losses(model, pairs, spec, batch_size, progress)
+    keep = hardest_per_group(losses, groups, data.mine_share)
+    for name in dict.fromkeys(groups):
+        all_ = [losses[i] for i, g in enumerate(groups) if g == name]
+        hard = sorted(losses[i] for i in keep if groups[i] == name)
+        log(f"mining: {name}: kept {len(hard)} of {len(all_)}, answer loss >= {hard[0]:.3f} nats "
+            f"(pool mean {sum(all_) / len(all_):.3f}, kept mean {sum(hard) / len(hard):.3f})")
+    return [pairs[i] for i in keep]

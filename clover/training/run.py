@@ -8,7 +8,6 @@ checkpoint shards of other ranks.
 """
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,12 +19,11 @@ from .evaluation import combine, loss_evaluator, task_evaluator
 from .export import export_checkpoint
 from .fit import fit_steps, fitted_config, forget_fit, measure_step_seconds, save_fit
 from .grow import grow_heads, grow_layers, grown_config, new_head_scales, widened_config
-from .mining import answer_losses, hardest_per_group
+from .mining import mine_hard_pairs
 from .recipe import Recipe, save_recipe
 from .sharding import full_state_dict, is_sharded
 from .sources import (DIGIT_ROLES, DIGIT_VOCAB, DigitTask, TokenRoles, build_tasks, encode_examples,
-                      task_eval_examples, task_train_examples, task_train_pairs, tokenizer_roles,
-                      weighted_tasks)
+                      task_eval_examples, task_train_pairs, tokenizer_roles, weighted_tasks)
 from .trainer import Trainer, TrainSummary, log_line
 
 
@@ -141,7 +139,7 @@ def build_data(recipe: Recipe, tokenizer, roles: TokenRoles, model, log=print):
                              data.enable_thinking, data.thinking_fraction)
     pairs = [p for p in pairs if _fits(p, data)]
     if data.mine_pool:
-        pairs += mine_hard_pairs(data, tokenizer, tasks, spec, model, log)
+        pairs += mine_hard_pairs(data, tokenizer, tasks, spec, model, lambda p: _fits(p, data), log)
     dataset = PairDataset(pairs, spec, cfg.batch_size, cfg.seed, group_by_length=data.group_by_length)
     examples = task_eval_examples(tasks, data.n_eval_per_task, data.seed)
     encoded = encode_examples(tokenizer, examples, data.enable_thinking)
@@ -155,32 +153,6 @@ def build_data(recipe: Recipe, tokenizer, roles: TokenRoles, model, log=print):
                                          data.eval_max_new_tokens, data.eval_batch_size,
                                          data.enable_thinking, recipe.generation))
     return dataset, combine(*evaluators)
-
-
-def mine_hard_pairs(data, tokenizer, tasks, spec: BatchSpec, model, log=print) -> list:
-    """The hardest `data.mine_share` of the `data.mine_pool` fresh examples (seed `data.mine_seed`)
-    of each task and turn (thinking or not: an answer without its derivation is harder), scored by
-    `model` as it starts (clover.training.mining)."""
-    examples, modes, pairs = task_train_examples(tokenizer, weighted_tasks(tasks, data.task_weights),
-                                                 data.mine_pool, data.mine_seed, data.enable_thinking,
-                                                 data.thinking_fraction)
-    kept = [(f"{e.task} ({'thinking' if mode else 'direct'})", p)
-            for e, mode, p in zip(examples, modes, pairs) if _fits(p, data)]
-    groups, pairs = [g for g, _ in kept], [p for _, p in kept]
-    start, batch_size, every = time.perf_counter(), 32, max(1, len(pairs) // 10)
-
-    def progress(done, total):
-        if done // every != (done - batch_size) // every or done == total:
-            log(f"mining: scored {done}/{total} examples ({time.perf_counter() - start:.0f} s)")
-
-    losses = answer_losses(model, pairs, spec, batch_size, progress)
-    keep = hardest_per_group(losses, groups, data.mine_share)
-    for name in dict.fromkeys(groups):
-        all_ = [losses[i] for i, g in enumerate(groups) if g == name]
-        hard = sorted(losses[i] for i in keep if groups[i] == name)
-        log(f"mining: {name}: kept {len(hard)} of {len(all_)}, answer loss >= {hard[0]:.3f} nats "
-            f"(pool mean {sum(all_) / len(all_):.3f}, kept mean {sum(hard) / len(hard):.3f})")
-    return [pairs[i] for i in keep]
 
 
 def _fits(pair, data) -> bool:
