@@ -19,9 +19,9 @@ import torch
 from clover.data.tokenizer import load_tokenizer
 from clover.loading import LoadOptions, load_model
 from clover.training.data import BatchSpec
-from clover.training.mining import answer_losses
+from clover.training.mining import answer_losses, draw_pool
 from clover.training.recipe import load_recipe
-from clover.training.sources import build_tasks, task_train_examples, tokenizer_roles, weighted_tasks
+from clover.training.sources import build_tasks, tokenizer_roles
 
 
 def group_stats(losses: list[float], groups: list[str]) -> dict[str, tuple[float, float, float]]:
@@ -45,11 +45,8 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     data = load_recipe(args.recipe).data
-    tokenizer = load_tokenizer(args.models[0])
-    tasks = weighted_tasks(build_tasks(data.tasks, data.task_options), data.task_weights)
-    examples, modes, pairs = task_train_examples(tokenizer, tasks, args.pool, args.seed,
-                                                 data.enable_thinking, data.thinking_fraction)
-    groups = [f"{e.task} ({'thinking' if m else 'direct'})" for e, m in zip(examples, modes)]
+    tasks = build_tasks(data.tasks, data.task_options)
+    groups, pairs = draw_pool(data, load_tokenizer(args.models[0]), tasks, args.pool, args.seed)
     columns = []
     for path in args.models:
         model = load_model(path, LoadOptions(device="cpu", dtype="fp32"))

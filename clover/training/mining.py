@@ -38,7 +38,7 @@ def answer_losses(model, pairs: Sequence[Pair], spec: BatchSpec, batch_size: int
         batch = spec.collate([pairs[i] for i in rows]).to(device)
         ce = token_ce(causal_logits(model, batch), batch.response_ids)  # [N, R]
         # a response's block padding is a target, but only its first EOS says anything
-        first_eos = _through_first_eos(batch.response_ids, batch.target_mask, spec.eos_ids or (spec.eos_id,))
+        first_eos = _through_first_eos(batch.response_ids, batch.target_mask, (spec.eos_id, *spec.eos_ids))
         for row, total in zip(rows, (ce * first_eos).sum(dim=1).tolist()):
             losses[row] = total
         if progress is not None:
@@ -69,18 +69,24 @@ def hardest_per_group(losses: Sequence[float], groups: Sequence[str], share: flo
     return sorted(keep)
 
 
+def draw_pool(data, tokenizer, tasks, size: int, seed: int) -> tuple[list[str], list[Pair]]:
+    """(group labels, pairs) of `size` fresh training examples drawn with `seed` as the recipe's
+    `data` draws its own (task weights, thinking share); a group is a task and turn, thinking or
+    direct (an answer without its derivation is harder)."""
+    examples, modes, pairs = task_train_examples(tokenizer, weighted_tasks(tasks, data.task_weights), size,
+                                                 seed, data.enable_thinking, data.thinking_fraction)
+    groups = [f"{e.task} ({'thinking' if mode else 'direct'})" for e, mode in zip(examples, modes)]
+    return groups, pairs
+
+
 def mine_hard_pairs(data, tokenizer, tasks, spec: BatchSpec, model, fits=lambda pair: True,
                     log=print) -> list[Pair]:
-    """The hardest `data.mine_share` of the `data.mine_pool` fresh examples (seed `data.mine_seed`)
-    of each task and turn (thinking or not: an answer without its derivation is harder), scored by
-    `model` as it starts; `data` is the recipe's `DataRecipe`, `fits` drops pairs the run would
-    drop (too long)."""
-    examples, modes, pairs = task_train_examples(tokenizer, weighted_tasks(tasks, data.task_weights),
-                                                 data.mine_pool, data.mine_seed, data.enable_thinking,
-                                                 data.thinking_fraction)
-    fitting = [(f"{e.task} ({'thinking' if mode else 'direct'})", p)
-            for e, mode, p in zip(examples, modes, pairs) if fits(p)]
-    groups, pairs = [g for g, _ in fitting], [p for _, p in fitting]
+    """The hardest `data.mine_share` of each group of the `data.mine_pool` fresh examples (seed
+    `data.mine_seed`, `draw_pool`), scored by `model` as it starts; `data` is the recipe's
+    `DataRecipe`, `fits` drops pairs the run would drop (too long)."""
+    groups, pairs = draw_pool(data, tokenizer, tasks, data.mine_pool, data.mine_seed)
+    fitting = [i for i, p in enumerate(pairs) if fits(p)]
+    groups, pairs = [groups[i] for i in fitting], [pairs[i] for i in fitting]
     start, batch_size, every = time.perf_counter(), 32, max(1, len(pairs) // 10)
 
     def progress(done, total):
@@ -90,8 +96,8 @@ def mine_hard_pairs(data, tokenizer, tasks, spec: BatchSpec, model, fits=lambda 
     losses = answer_losses(model, pairs, spec, batch_size, progress)
     keep = hardest_per_group(losses, groups, data.mine_share)
     for name in dict.fromkeys(groups):
-        all_ = [losses[i] for i, g in enumerate(groups) if g == name]
+        pool = [losses[i] for i, g in enumerate(groups) if g == name]
         hard = sorted(losses[i] for i in keep if groups[i] == name)
-        log(f"mining: {name}: kept {len(hard)} of {len(all_)}, answer loss >= {hard[0]:.3f} nats "
-            f"(pool mean {sum(all_) / len(all_):.3f}, kept mean {sum(hard) / len(hard):.3f})")
+        log(f"mining: {name}: kept {len(hard)} of {len(pool)}, answer loss >= {hard[0]:.3f} nats "
+            f"(pool mean {sum(pool) / len(pool):.3f}, kept mean {sum(hard) / len(hard):.3f})")
     return [pairs[i] for i in keep]
