@@ -29,6 +29,13 @@ each attention projection, a per-element multiplier of its update that is `lr_sc
 heads' rows and columns and 1 elsewhere (`optim.scaled_updates`). Fresh heads grafted at a
 continuation's rate stay small; at a fresh model's rate they can be recruited. Recipe key
 `model.grow_heads_lr`.
+
+`grow_experts(model, extra, extra_shared)` widens the feed-forward layers instead: every routed
+expert gains `extra` hidden units and the shared expert `extra_shared`. The new units start fresh
+(the model's init, from a fixed seed) and write nothing yet: their columns of the down projections
+are zero. They are capacity for what a token computes from what attention brought it, the part of
+the model that growth had not widened yet: recipe keys `model.grow_experts`,
+`model.grow_shared_expert` and, for their learning rate, `model.grow_experts_lr`.
 """
 
 import copy
@@ -113,6 +120,24 @@ def old_part(shape: torch.Size) -> tuple[slice, ...]:
     return tuple(slice(0, n) for n in shape)
 
 
+def old_parts(name: str, old_shape: torch.Size, wide_shape: torch.Size) -> list[tuple[slice, ...]]:
+    """Where the init's tensor `name` sits in its widened tensor, as (source, destination) index
+    pairs: first along every dim, except the fused expert projection `gate_up_proj` [E, 2I, H],
+    whose gate rows and up rows each come first in their own half."""
+    if name.endswith("experts.gate_up_proj") and old_shape != wide_shape:
+        narrow, wide = old_shape[1] // 2, wide_shape[1] // 2
+        return [((slice(None), slice(0, narrow)), (slice(None), slice(0, narrow))),
+                ((slice(None), slice(narrow, None)), (slice(None), slice(wide, wide + narrow)))]
+    return [((), old_part(old_shape))]
+
+
+def place_old(wide: dict[str, torch.Tensor], old: dict[str, torch.Tensor]):
+    """Write each of the init's tensors `old` into its part of the widened state `wide`."""
+    for key, value in old.items():
+        for source, destination in old_parts(key, value.shape, wide[key].shape):
+            wide[key][destination] = value[source]
+
+
 @torch.no_grad()
 def grow_heads(model, extra_heads: int, seed: int = 0, split: bool = False, noise: float = 0.2):
     """A new model: `model` with `extra_heads` more query heads per attention layer, residual-silent
@@ -130,10 +155,10 @@ def grow_heads(model, extra_heads: int, seed: int = 0, split: bool = False, nois
         torch.manual_seed(seed)
         wide = type(model)(widened_config(model.config, extra_heads))
     state = wide.state_dict()  # the wide model's own tensors: writing them writes the model
+    # Old heads come first along every widened dim: q_proj rows [H * (query D, gate D)], k_proj and
+    # v_proj rows [H_kv * D], o_proj columns [H * D]; every other tensor keeps its shape.
+    place_old(state, model.state_dict())
     for key, value in model.state_dict().items():
-        # Old heads come first along every widened dim: q_proj rows [H * (query D, gate D)], k_proj
-        # and v_proj rows [H_kv * D], o_proj columns [H * D]; every other tensor keeps its shape.
-        state[key][old_part(value.shape)] = value
         if key.endswith("self_attn.o_proj.weight"):  # the new heads' columns write nothing
             state[key][:, value.shape[1]:] = 0
     if split:  # the new heads' rows and columns, fresh and silent so far, become the old heads' copies
@@ -171,11 +196,57 @@ def new_head_scales(model, extra_heads: int, lr_scale: float) -> dict[str, torch
     narrow = copy.deepcopy(model.config)  # the config `grow_heads` widened
     narrow.num_attention_heads -= extra_heads
     narrow.num_key_value_heads -= extra_heads // group
+    return new_part_scales(model, narrow, lr_scale)
+
+
+def new_part_scales(model, narrow, lr_scale: float) -> dict[str, torch.Tensor]:
+    """Parameter name -> per-element update multiplier for each tensor that is wider in `model` than
+    in the config `narrow` it was grown from: `lr_scale` outside the init's parts, 1 on them."""
     with torch.device("meta"):  # shapes only
         old_shapes = {name: param.shape for name, param in type(model)(narrow).named_parameters()}
     scales = {}
     for name, param in model.named_parameters():
         if param.shape != old_shapes[name]:
             scales[name] = torch.full_like(param, lr_scale)
-            scales[name][old_part(old_shapes[name])] = 1
+            for _, destination in old_parts(name, old_shapes[name], param.shape):
+                scales[name][destination] = 1
     return scales
+
+
+def experts_widened_config(config, extra: int, extra_shared: int):
+    """`config` with `extra` more hidden units per routed expert and `extra_shared` more in the
+    shared expert."""
+    if extra < 0 or extra_shared < 0:
+        raise ValueError(f"grow_experts={extra}, grow_shared_expert={extra_shared}: "
+                         "extra hidden units must be >= 0")
+    widened = copy.deepcopy(config)
+    widened.moe_intermediate_size += extra
+    widened.shared_expert_intermediate_size += extra_shared
+    return widened
+
+
+@torch.no_grad()
+def grow_experts(model, extra: int, extra_shared: int = 0, seed: int = 0):
+    """A new model: `model` with `extra` residual-silent fresh hidden units in every routed expert
+    and `extra_shared` in every shared expert (`model` is left as it was, and returned when both
+    are 0)."""
+    if not extra and not extra_shared:
+        return model
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream goes on as if not called
+        torch.manual_seed(seed)
+        wide = type(model)(experts_widened_config(model.config, extra, extra_shared))
+    state = wide.state_dict()  # the wide model's own tensors: writing them writes the model
+    place_old(state, model.state_dict())
+    for key, value in model.state_dict().items():
+        if key.endswith(("mlp.experts.down_proj", "mlp.shared_expert.down_proj.weight")):
+            state[key][..., value.shape[-1]:] = 0  # the new units' columns write nothing
+    return like(wide, model)
+
+
+def new_expert_scales(model, extra: int, extra_shared: int, lr_scale: float) -> dict[str, torch.Tensor]:
+    """Parameter name -> per-element update multiplier for each tensor that `grow_experts` widened:
+    `lr_scale` on the new units' rows and columns, 1 on the old units'."""
+    narrow = copy.deepcopy(model.config)  # the config `grow_experts` widened
+    narrow.moe_intermediate_size -= extra
+    narrow.shared_expert_intermediate_size -= extra_shared
+    return new_part_scales(model, narrow, lr_scale)

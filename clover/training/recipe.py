@@ -8,7 +8,10 @@
                                                           "grow_after": [<layer indices>],
                                                           "grow_heads": <extra attention heads>,
                                                           "grow_heads_from": "fresh" | "split",
-                                                          "grow_heads_lr": <the new heads' lr multiple>},
+                                                          "grow_heads_lr": <the new heads' lr multiple>,
+                                                          "grow_experts": <extra units per routed expert>,
+                                                          "grow_shared_expert": <extra shared-expert units>,
+                                                          "grow_experts_lr": <the new units' lr multiple>},
       "tokenizer": {"train": true, "vocab_size": 3000, "n_examples": 3000, "seed": 0,
                     "spacing": "own", "tasks": [...]} | {"path": "dir"},
       "data": {"source": "tasks", "tasks": ["airspace", "joint", "record"], "n_train": 20000,
@@ -50,6 +53,9 @@ class ModelRecipe:
     grow_heads: int = 0  # with `init`: this many residual-silent fresh heads per attention layer (grow.py)
     grow_heads_from: str = "fresh"  # or "split": the new heads copy old ones and share their writes
     grow_heads_lr: float = 1.0  # the new heads' learning rate, as a multiple of the run's
+    grow_experts: int = 0  # with `init`: this many residual-silent fresh hidden units per routed expert
+    grow_shared_expert: int = 0  # with `init`: and this many in each shared expert
+    grow_experts_lr: float = 1.0  # the new units' learning rate, as a multiple of the run's
 
     def __post_init__(self):
         if not self.config and self.init is None and self.preset is None:
@@ -64,6 +70,17 @@ class ModelRecipe:
             raise ValueError(f"recipe.model.grow_heads_lr={self.grow_heads_lr} must be > 0")
         if self.grow_heads_lr != 1 and not self.grow_heads:
             raise ValueError(f"recipe.model.grow_heads_lr={self.grow_heads_lr} needs grow_heads (new heads to scale)")
+        units = {"grow_experts": self.grow_experts, "grow_shared_expert": self.grow_shared_expert}
+        for key, value in units.items():
+            if value < 0:
+                raise ValueError(f"recipe.model.{key}={value} must be >= 0 (extra hidden units)")
+            if value and self.init is None:
+                raise ValueError(f"recipe.model.{key}={value} needs `init` (a trained model to grow)")
+        if not self.grow_experts_lr > 0:
+            raise ValueError(f"recipe.model.grow_experts_lr={self.grow_experts_lr} must be > 0")
+        if self.grow_experts_lr != 1 and not any(units.values()):
+            raise ValueError(f"recipe.model.grow_experts_lr={self.grow_experts_lr} needs grow_experts or "
+                             "grow_shared_expert (new units to scale)")
 
 
 @dataclass(frozen=True)

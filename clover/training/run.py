@@ -18,9 +18,10 @@ from .distributed import DistInfo, barrier, device_for, init_distributed, shutdo
 from .evaluation import combine, loss_evaluator, task_evaluator
 from .export import export_checkpoint
 from .fit import fit_steps, fitted_config, forget_fit, measure_step_seconds, save_fit
-from .grow import grow_heads, grow_layers, grown_config, new_head_scales, widened_config
+from .grow import (experts_widened_config, grow_experts, grow_heads, grow_layers, grown_config, new_expert_scales,
+                   new_head_scales, widened_config)
 from .mining import mine_hard_pairs
-from .recipe import Recipe, save_recipe
+from .recipe import ModelRecipe, Recipe, save_recipe
 from .sharding import full_state_dict, is_sharded
 from .sources import (DIGIT_ROLES, DIGIT_VOCAB, DigitTask, TokenRoles, build_tasks, encode_examples,
                       task_eval_examples, task_train_pairs, tokenizer_roles, weighted_tasks)
@@ -83,7 +84,8 @@ def plan_config(recipe: Recipe):
 
     if recipe.model.init:
         grown = grown_config(config_from_dir(recipe.model.init), recipe.model.grow_after)
-        return widened_config(grown, recipe.model.grow_heads)
+        widened = widened_config(grown, recipe.model.grow_heads)
+        return experts_widened_config(widened, recipe.model.grow_experts, recipe.model.grow_shared_expert)
     fields = {**preset_fields(recipe.model.preset), **recipe.model.config}
     if recipe.data.source == "digits":
         fields.setdefault("vocab_size", len(DIGIT_VOCAB))
@@ -110,11 +112,23 @@ def fresh_model(recipe: Recipe, roles: TokenRoles, vocab_size: int):
     return CloverMoeForCausalLM(CloverMoeConfig(**fields))
 
 
+def grown_part_scales(model, grow: ModelRecipe) -> dict[str, torch.Tensor] | None:
+    """Per-element update multipliers for the parts that growth added at their own learning rate
+    (new heads, new expert units), or None when every part trains at the run's rate."""
+    scales = {}
+    if grow.grow_heads_lr != 1:
+        scales.update(new_head_scales(model, grow.grow_heads, grow.grow_heads_lr))
+    if grow.grow_experts_lr != 1:
+        scales.update(new_expert_scales(model, grow.grow_experts, grow.grow_shared_expert, grow.grow_experts_lr))
+    return scales or None
+
+
 def build_model(recipe: Recipe, tokenizer):
     """(model, token roles): the `init` checkpoint (its mask id wins) or a fresh model."""
     if recipe.model.init:
         model = grow_layers(load_init_model(recipe.model.init), recipe.model.grow_after)
         model = grow_heads(model, recipe.model.grow_heads, split=recipe.model.grow_heads_from == "split")
+        model = grow_experts(model, recipe.model.grow_experts, recipe.model.grow_shared_expert)
         mask_id = model.config.mask_token_id
         if tokenizer is None:
             return model, dataclasses.replace(DIGIT_ROLES, mask_id=mask_id)
@@ -214,8 +228,7 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
                                   lambda message: log_line(run_dir, dist, message, echo=True))
     if fit_minutes is not None:
         recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir)
-    scales = (new_head_scales(model, recipe.model.grow_heads, recipe.model.grow_heads_lr)
-              if recipe.model.grow_heads_lr != 1 else None)
+    scales = grown_part_scales(model, recipe.model)
     trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress, scales)
     if resume and not trainer.resume():
         trainer.log("resume requested but no checkpoint found: starting from step 0")

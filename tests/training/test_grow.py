@@ -1,12 +1,12 @@
-"""Growth (clover/training/grow.py), by block expansion or by attention heads: the grown model computes
+"""Growth (clover/training/grow.py), by block expansion, attention heads or expert units: the grown model computes
 exactly what its init computes, in causal and block mode, and training reaches what was added."""
 
 import pytest
 import torch
 from tiny import TINY_MASK, random_ids, tiny_model
 
-from clover.training.grow import (grow_heads, grow_layers, grown_config, layer_sources, new_head_scales,
-                                  widened_config)
+from clover.training.grow import (experts_widened_config, grow_experts, grow_heads, grow_layers, grown_config,
+                                  layer_sources, new_expert_scales, new_head_scales, widened_config)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,13 @@ def split():
     return model, grow_heads(model, 4, split=True, noise=0.0)  # heads 4..7 copy heads 0..3, unmoved
 
 
-@pytest.mark.parametrize("grown_pair", ["pair", "widened", "split"])
+@pytest.fixture(scope="module")
+def experts():
+    model = tiny_model(seed=3)
+    return model, grow_experts(model, 8, 16)  # routed experts 32 -> 40 units, shared expert 32 -> 48
+
+
+@pytest.mark.parametrize("grown_pair", ["pair", "widened", "split", "experts"])
 def test_grown_model_computes_what_the_init_computes(grown_pair, request):
     model, grown = request.getfixturevalue(grown_pair)
     seq = random_ids(2, 19)
@@ -152,3 +158,64 @@ def test_new_head_scales_cover_the_new_heads_alone(widened):
     o_scale = torch.ones(wide.config.hidden_size, 8 * dim)
     o_scale[:, 4 * dim:] = 10.0
     assert torch.equal(scales["model.layers.3.self_attn.o_proj.weight"], o_scale)
+
+
+def test_widened_experts_keep_the_old_units_and_silence_the_new(experts):
+    model, wide = experts
+    units, shared = model.config.moe_intermediate_size, model.config.shared_expert_intermediate_size
+    assert (wide.config.moe_intermediate_size, wide.config.shared_expert_intermediate_size) == (units + 8, shared + 16)
+    old, new = model.model.layers[1].mlp, wide.model.layers[1].mlp
+    gate, up = old.experts.gate_up_proj.chunk(2, dim=1)  # [E, I, H] each
+    wide_gate, wide_up = new.experts.gate_up_proj.chunk(2, dim=1)
+    assert torch.equal(wide_gate[:, :units], gate) and torch.equal(wide_up[:, :units], up)
+    assert wide_gate[:, units:].std() > 0 and wide_up[:, units:].std() > 0  # fresh: they can learn
+    assert torch.equal(new.experts.down_proj[..., :units], old.experts.down_proj)
+    assert torch.count_nonzero(new.experts.down_proj[..., units:]) == 0
+    for proj in ("gate_proj", "up_proj"):
+        assert torch.equal(getattr(new.shared_expert, proj).weight[:shared], getattr(old.shared_expert, proj).weight)
+    assert torch.count_nonzero(new.shared_expert.down_proj.weight[:, shared:]) == 0
+    assert torch.equal(new.gate.weight, old.gate.weight)  # routing is unchanged
+    again = grow_experts(model, 8, 16)  # a fixed seed: sibling runs share the new units
+    assert torch.equal(again.model.layers[1].mlp.experts.gate_up_proj, new.experts.gate_up_proj)
+
+
+def test_training_reaches_the_new_units():
+    wide = backward_once(grow_experts(tiny_model(seed=3), 8, 16))
+    units = wide.config.moe_intermediate_size - 8
+    mlp = wide.model.layers[3].mlp
+    assert mlp.experts.down_proj.grad[..., units:].abs().sum() > 0
+    assert mlp.shared_expert.down_proj.weight.grad[:, -16:].abs().sum() > 0
+
+
+def test_new_expert_scales_mark_exactly_the_new_units(experts):
+    _, wide = experts
+    scales = new_expert_scales(wide, 8, 16, 10.0)
+    assert sorted({name.split(".mlp.")[1] for name in scales}) == [
+        "experts.down_proj", "experts.gate_up_proj", "shared_expert.down_proj.weight",
+        "shared_expert.gate_proj.weight", "shared_expert.up_proj.weight"]
+    units = wide.config.moe_intermediate_size
+    gate_up = scales["model.layers.0.mlp.experts.gate_up_proj"]  # [E, 2I, H]: new rows end each half
+    rows = torch.tensor([1.0] * (units - 8) + [10.0] * 8).repeat(2)
+    assert torch.equal(gate_up, rows[None, :, None].expand_as(gate_up))
+    down = scales["model.layers.0.mlp.experts.down_proj"]
+    assert torch.equal(down[..., :-8], torch.ones_like(down[..., :-8])) and (down[..., -8:] == 10).all()
+    assert (scales["model.layers.0.mlp.shared_expert.gate_proj.weight"][-16:] == 10).all()
+
+
+def test_bad_expert_units_are_refused_by_value():
+    with pytest.raises(ValueError, match="grow_experts=-1, grow_shared_expert=0: extra hidden units must be >= 0"):
+        experts_widened_config(tiny_model().config, -1, 0)
+    assert grow_experts(model := tiny_model(), 0, 0) is model
+
+
+def test_a_run_scales_each_grown_part_at_its_own_rate():
+    from clover.training.recipe import ModelRecipe
+    from clover.training.run import grown_part_scales
+
+    wide = grow_experts(grow_heads(tiny_model(seed=3), 4), 8, 16)
+    both = ModelRecipe(init="x", grow_heads=4, grow_heads_lr=5.0, grow_experts=8, grow_shared_expert=16,
+                       grow_experts_lr=10.0)
+    scales = grown_part_scales(wide, both)
+    assert scales["model.layers.3.self_attn.o_proj.weight"].max() == 5
+    assert scales["model.layers.3.mlp.experts.down_proj"].max() == 10
+    assert grown_part_scales(wide, ModelRecipe(init="x", grow_heads=4, grow_experts=8)) is None
