@@ -120,7 +120,8 @@ def old_part(shape: torch.Size) -> tuple[slice, ...]:
     return tuple(slice(0, n) for n in shape)
 
 
-def old_parts(name: str, old_shape: torch.Size, wide_shape: torch.Size) -> list[tuple[slice, ...]]:
+def old_parts(name: str, old_shape: torch.Size,
+              wide_shape: torch.Size) -> list[tuple[tuple[slice, ...], tuple[slice, ...]]]:
     """Where the init's tensor `name` sits in its widened tensor, as (source, destination) index
     pairs: first along every dim, except the fused expert projection `gate_up_proj` [E, 2I, H],
     whose gate rows and up rows each come first in their own half."""
