@@ -377,3 +377,19 @@ def test_a_mining_probe_is_its_continuation_with_mined_data(name):
                                        mine_share=data.mine_share, mine_seed=data.mine_seed)
     examples = data.n_train + round(data.mine_share * data.mine_pool)
     assert probe.train.steps * probe.train.batch_size == examples  # one pass
+
+
+# Wider-experts probes: the mining probes with fresh units in every routed and shared expert.
+EXPERTS_PROBES = {"experts_a_cpu": "mine_a_cpu", "experts_b_cpu": "mine_b_cpu"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPERTS_PROBES))
+def test_an_experts_probe_differs_from_its_mining_run_in_the_added_units_alone(name):
+    """Same init, mined data, noise and recipe steps as the mining run it pairs with, so that their
+    losses compare step by step; only the added expert units (and their rate) differ."""
+    probe, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in (name, EXPERTS_PROBES[name]))
+    assert probe.train == control.train and probe.data == control.data and probe.tokenizer == control.tokenizer
+    assert probe.model.grow_experts > 0 and probe.model.grow_shared_expert > 0 and control.model.grow_experts == 0
+    assert probe.model == dataclasses.replace(control.model, grow_experts=probe.model.grow_experts,
+                                              grow_shared_expert=probe.model.grow_shared_expert,
+                                              grow_experts_lr=probe.model.grow_experts_lr)
