@@ -132,11 +132,22 @@ def old_parts(name: str, old_shape: torch.Size,
     return [((), old_part(old_shape))]
 
 
-def place_old(wide: dict[str, torch.Tensor], old: dict[str, torch.Tensor]):
-    """Write each of the init's tensors `old` into its part of the widened state `wide`."""
-    for key, value in old.items():
-        for source, destination in old_parts(key, value.shape, wide[key].shape):
-            wide[key][destination] = value[source]
+@torch.no_grad()
+def widen_silently(model, wide_config, seed: int):
+    """A fresh model of `wide_config` (the model's own init, from `seed`) holding each of `model`'s
+    tensors in its old part (`old_parts`), whose new columns of every residual write (heads'
+    `o_proj` columns, expert units' down-projection columns) are zero: it computes what `model`
+    computes. On the fresh model's device and dtype."""
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream goes on as if not called
+        torch.manual_seed(seed)
+        wide = type(model)(wide_config)
+    state = wide.state_dict()  # the wide model's own tensors: writing them writes the model
+    for key, value in model.state_dict().items():
+        for source, destination in old_parts(key, value.shape, state[key].shape):
+            state[key][destination] = value[source]
+        if key.endswith(RESIDUAL_WRITES):  # the new parts' columns write nothing
+            state[key][..., value.shape[-1]:] = 0
+    return wide
 
 
 @torch.no_grad()
@@ -152,16 +163,9 @@ def grow_heads(model, extra_heads: int, seed: int = 0, split: bool = False, nois
     if split and model.config.attention_bias:
         raise ValueError("grow_heads_from='split' copies projection weights only; this model's attention "
                          "has biases (attention_bias=True)")
-    with torch.random.fork_rng(devices=[]):  # the caller's random stream goes on as if not called
-        torch.manual_seed(seed)
-        wide = type(model)(widened_config(model.config, extra_heads))
-    state = wide.state_dict()  # the wide model's own tensors: writing them writes the model
     # Old heads come first along every widened dim: q_proj rows [H * (query D, gate D)], k_proj and
     # v_proj rows [H_kv * D], o_proj columns [H * D]; every other tensor keeps its shape.
-    place_old(state, model.state_dict())
-    for key, value in model.state_dict().items():
-        if key.endswith("self_attn.o_proj.weight"):  # the new heads' columns write nothing
-            state[key][:, value.shape[1]:] = 0
+    wide = widen_silently(model, widened_config(model.config, extra_heads), seed)
     if split:  # the new heads' rows and columns, fresh and silent so far, become the old heads' copies
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -233,15 +237,7 @@ def grow_experts(model, extra: int, extra_shared: int = 0, seed: int = 0):
     are 0)."""
     if not extra and not extra_shared:
         return model
-    with torch.random.fork_rng(devices=[]):  # the caller's random stream goes on as if not called
-        torch.manual_seed(seed)
-        wide = type(model)(experts_widened_config(model.config, extra, extra_shared))
-    state = wide.state_dict()  # the wide model's own tensors: writing them writes the model
-    place_old(state, model.state_dict())
-    for key, value in model.state_dict().items():
-        if key.endswith(("mlp.experts.down_proj", "mlp.shared_expert.down_proj.weight")):
-            state[key][..., value.shape[-1]:] = 0  # the new units' columns write nothing
-    return like(wide, model)
+    return like(widen_silently(model, experts_widened_config(model.config, extra, extra_shared), seed), model)
 
 
 def new_expert_scales(model, extra: int, extra_shared: int, lr_scale: float) -> dict[str, torch.Tensor]:
