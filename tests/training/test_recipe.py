@@ -393,3 +393,18 @@ def test_an_experts_probe_differs_from_its_mining_run_in_the_added_units_alone(n
     assert probe.model == dataclasses.replace(control.model, grow_experts=probe.model.grow_experts,
                                               grow_shared_expert=probe.model.grow_shared_expert,
                                               grow_experts_lr=probe.model.grow_experts_lr)
+
+
+# Drill probes: third-round continuations with the `rules` drill (clover.data.tasks.rules) in the mix.
+DRILL_PROBES = {"rules_a_cpu": "curriculum_soup3_a_cpu", "rules_b_cpu": "curriculum_soup3_b_cpu"}
+
+
+@pytest.mark.parametrize("name", sorted(DRILL_PROBES))
+def test_a_drill_probe_is_its_continuation_with_the_drill_added_to_the_mix(name):
+    """Same init, schedule, data seed and weights for the other tasks as the continuation it
+    pairs with; only the drill joins the mix."""
+    probe, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in (name, DRILL_PROBES[name]))
+    assert probe.model == control.model and probe.train == control.train and probe.tokenizer == control.tokenizer
+    assert probe.data.task_weights == {**control.data.task_weights, "rules": 2}
+    assert probe.data == dataclasses.replace(control.data, tasks=(*control.data.tasks, "rules"),
+                                             task_weights=probe.data.task_weights)

@@ -13,12 +13,14 @@ from clover.data.tasks.base import SPLITS, Example, Task, split_of
 from clover.data.tasks.copy import CopyTask
 from clover.data.tasks.joint import JointTask
 from clover.data.tasks.record import RecordTask
+from clover.data.tasks.rules import RuleLookupTask
 
 TASKS: dict[str, type[Task]] = {
     AirspaceTask.name: AirspaceTask,
     JointTask.name: JointTask,
     RecordTask.name: RecordTask,
     CopyTask.name: CopyTask,
+    RuleLookupTask.name: RuleLookupTask,
 }
 # What `clover eval` and the default mixtures use: every task but the curriculum ones.
 EVAL_TASKS: tuple[str, ...] = tuple(name for name, cls in TASKS.items() if not cls.curriculum)

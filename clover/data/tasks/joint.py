@@ -1,6 +1,6 @@
 """``joint``: rules + facts about pilots, then 2..4 linked yes/no questions answered at once.
 
-World: 3 base properties (drawn from ``_BASE``) and 2 derived properties (from
+World: 3 base properties (drawn from ``BASE``) and 2 derived properties (from
 ``DERIVED``; ``max_rules=3`` allows a third). Each derived property has one rule,
 "Anyone who is A and B is D." (or a single condition) over the base properties; with
 ``chain=True`` a rule's conditions include the previous derived property, so rules chain.
@@ -87,7 +87,7 @@ MIN_QUESTIONS, MAX_QUESTIONS = 2, 8
 MAX_PEOPLE = 3  # pilots in a prompt
 INSTRUCTION = "Answer every question with yes or no, all on one line."
 
-_BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
+BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
 DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
 _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its checks in two more layouts
 # the prompt's facts, by form, under their heading: closed-world sentences, keyed lines, or every value listed
@@ -142,8 +142,8 @@ class JointTask(Task):
         self.min_people = min_people  # pilots in a prompt: at least this many (and enough for the questions)
 
     def sample(self, rng: random.Random) -> Example:
-        base = rng.sample(_BASE, 3)
-        rules = _rules(rng, base, self.max_rules, self.chain)
+        base = rng.sample(BASE, 3)
+        rules = draw_rules(rng, base, self.max_rules, self.chain)
         props = base + [d for d, _ in rules]
         askable = len(props) if self.ask_derived else len(base)  # props[:askable] may be asked
         n_q = rng.randint(self.min_questions, self.max_questions)
@@ -159,7 +159,7 @@ class JointTask(Task):
         pairs.sort()
         questions = [(people[i], props[j]) for i, j in pairs]
         answers = [prop in truth[p] for p, prop in questions]
-        prompt = _render(rules, people, facts, base, questions, self.facts, self.rules)
+        prompt = render(rules, people, facts, base, questions, self.facts, self.rules)
         answer = " ".join(f"{k}:{_yn(a)}" for k, a in enumerate(answers, 1))
         derived = [prop in dict(rules) for _, prop in questions]
         reasoning = "\n".join(
@@ -173,8 +173,8 @@ class JointTask(Task):
         the question, the fact line, the rule(s) behind the property, [the checks,] the answer."""
         behind = _rules_behind(prop, rules)
         conditions = behind[0][1] if behind else (prop,)
-        words = [f"{k}. Is {pilot} {prop}?", _fact_line(pilot, held, base, self.facts),
-                 *(_rule_line(rule, self.rules) for rule in behind)]
+        words = [f"{k}. Is {pilot} {prop}?", fact_line(pilot, held, base, self.facts),
+                 *(rule_line(rule, self.rules) for rule in behind)]
         if self.facts == "roster":
             words.append(_values(conditions, held))
         elif self.checks:
@@ -230,7 +230,7 @@ def _balanced_pairs(rng: random.Random, every: list[tuple[int, int]], holds, n_b
     return pairs
 
 
-def _rules(rng: random.Random, base: list[str], max_rules: int, chain: bool) -> list[Rule]:
+def draw_rules(rng: random.Random, base: list[str], max_rules: int, chain: bool) -> list[Rule]:
     """2..max_rules rules; each derives a new property from 1..2 base properties, or with
     ``chain`` from known ones including the previous derived property (a chain)."""
     known = list(base)
@@ -268,7 +268,7 @@ def _rules_behind(prop: str, rules: list[Rule]) -> list[Rule]:
     return [(d, conds) for d, conds in rules if d in needed]
 
 
-def _rule_line(rule: Rule, form: str) -> str:
+def rule_line(rule: Rule, form: str) -> str:
     derived, conds = rule
     return f"{derived}: {_join(conds)}." if form == "keyed" else f"Anyone who is {_join(conds)} is {derived}."
 
@@ -308,7 +308,7 @@ def _values(properties: list[str] | tuple[str, ...], held: set[str]) -> str:
     return ", ".join(f"{prop}={_yn(prop in held)}" for prop in properties) + "."
 
 
-def _fact_line(person: str, held: set[str], base: list[str], form: str) -> str:
+def fact_line(person: str, held: set[str], base: list[str], form: str) -> str:
     if form == "roster":
         return f"{person}: {_values(base, held)}"
     held_in_order = [b for b in base if b in held]
@@ -317,7 +317,7 @@ def _fact_line(person: str, held: set[str], base: list[str], form: str) -> str:
     return f"{person} is {_join(held_in_order)}." if held_in_order else f"{person} has none of these."
 
 
-def _render(
+def render(
     rules: list[Rule],
     people: list[str],
     facts: dict[str, set[str]],
@@ -325,13 +325,15 @@ def _render(
     questions: list[tuple[str, str]],
     form: str,
     rule_form: str,
+    instruction: str = INSTRUCTION,
 ) -> str:
-    rule_lines = [_rule_line(rule, rule_form) for rule in rules]
-    fact_lines = [_fact_line(p, facts[p], base, form) for p in people]
+    """The prompt: the rules, the facts (in ``form``), the numbered questions, then ``instruction``."""
+    rule_lines = [rule_line(rule, rule_form) for rule in rules]
+    fact_lines = [fact_line(p, facts[p], base, form) for p in people]
     q_lines = [f"{k}. Is {p} {prop}?" for k, (p, prop) in enumerate(questions, 1)]
     return "\n".join(
         ["Rules:", *rule_lines, _FACT_HEADINGS[form], *fact_lines,
-         "Questions:", *q_lines, INSTRUCTION]
+         "Questions:", *q_lines, instruction]
     )
 
 
