@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -64,8 +65,19 @@ def test_it_is_a_drill_not_an_evaluation_task():
     assert "rules" not in EVAL_TASKS
 
 
+def test_keyed_rules_draw_the_same_world_with_the_property_first():
+    sentence, keyed = get_task("rules"), get_task("rules", rules="keyed")
+    for seed in range(20):
+        a, b = sentence.sample(random.Random(seed)), keyed.sample(random.Random(seed))  # one stream, no split
+        rules = [(m[2], m[1]) for m in _RULE.finditer(a.prompt)]
+        assert b.prompt.split("Facts")[0] == "Rules:\n" + "".join(f"{d}: {c}.\n" for d, c in rules)
+        for line_a, line_b in zip(a.answer.splitlines(), b.answer.splitlines()):
+            derived, conditions = _RULE.search(line_a)[2], _RULE.search(line_a)[1]
+            assert line_b == line_a.replace(f"Anyone who is {conditions} is {derived}.", f"{derived}: {conditions}.")
+
+
 @pytest.mark.parametrize("options", [{"max_rules": 1}, {"max_rules": 6}, {"min_questions": 0},
-                                     {"min_questions": 3, "max_questions": 2}])
+                                     {"min_questions": 3, "max_questions": 2}, {"rules": "listed"}])
 def test_bad_options_are_refused(options):
     with pytest.raises(ValueError, match=next(iter(options))[:3]):
         get_task("rules", **options)

@@ -396,15 +396,19 @@ def test_an_experts_probe_differs_from_its_mining_run_in_the_added_units_alone(n
 
 
 # Drill probes: third-round continuations with the `rules` drill (clover.data.tasks.rules) in the mix.
-DRILL_PROBES = {"rules_a_cpu": "curriculum_soup3_a_cpu", "rules_b_cpu": "curriculum_soup3_b_cpu"}
-
-
-@pytest.mark.parametrize("name", sorted(DRILL_PROBES))
-def test_a_drill_probe_is_its_continuation_with_the_drill_added_to_the_mix(name):
+def test_the_drill_probe_is_its_continuation_with_the_drill_added_to_the_mix():
     """Same init, schedule, data seed and weights for the other tasks as the continuation it
     pairs with; only the drill joins the mix."""
-    probe, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in (name, DRILL_PROBES[name]))
+    probe, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in ("rules_a_cpu", "curriculum_soup3_a_cpu"))
     assert probe.model == control.model and probe.train == control.train and probe.tokenizer == control.tokenizer
     assert probe.data.task_weights == {**control.data.task_weights, "rules": 2}
     assert probe.data == dataclasses.replace(control.data, tasks=(*control.data.tasks, "rules"),
                                              task_weights=probe.data.task_weights)
+
+
+def test_the_keyed_drill_probe_differs_from_the_drill_probe_in_the_rules_form_alone():
+    probe, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in ("rules_keyed_cpu", "rules_a_cpu"))
+    assert probe.model == control.model and probe.train == control.train and probe.tokenizer == control.tokenizer
+    assert "rules" not in control.data.task_options
+    assert probe.data == dataclasses.replace(
+        control.data, task_options={**control.data.task_options, "rules": {"rules": "keyed"}})

@@ -10,7 +10,9 @@ The drill keeps joint's prompt (rules, facts, numbered questions; its own instru
 lines, but asks derived properties only, under 2 to ``max_rules`` rules (joint asks under 2 or 3)
 whose conditions all differ, and stops each line after the rule, with no verdict: ``1. Is Kim cleared? Kim is rested. Anyone who
 is licensed and rested is cleared.``. Every answer line is one rule lookup in the context a joint
-line gives it, with the fact line just written as its distractor. ``curriculum = True`` keeps it out
+line gives it, with the fact line just written as its distractor. With ``rules="keyed"`` the rules are written
+property first, in the prompt and in the lines (``cleared: licensed and rested.``, joint's option of
+the same name), so that each lookup is a forward copy from its key. ``curriculum = True`` keeps it out
 of ``EVAL_TASKS`` and of the default mixtures.
 """
 
@@ -20,7 +22,8 @@ import random
 from typing import Any
 
 from clover.data.tasks.base import Example, Task, clean_output
-from clover.data.tasks.joint import BASE, DERIVED, MAX_PEOPLE, draw_rules, fact_line, render, rule_line
+from clover.data.tasks.joint import (BASE, DERIVED, MAX_PEOPLE, RULE_FORMS, draw_rules, fact_line, render,
+                                     rule_line)
 from clover.data.tasks.vocab import FIRST_NAMES
 
 INSTRUCTION = "Write the rule that decides each question."
@@ -32,13 +35,17 @@ class RuleLookupTask(Task):
     name = "rules"
     curriculum = True
 
-    def __init__(self, max_rules: int = 4, min_questions: int = 2, max_questions: int = 4):
+    def __init__(self, max_rules: int = 4, min_questions: int = 2, max_questions: int = 4,
+                 rules: str = "sentence"):
+        if rules not in RULE_FORMS:
+            raise ValueError(f"rules={rules!r} must be one of {RULE_FORMS}")
         if not 2 <= max_rules <= len(DERIVED):
             raise ValueError(f"max_rules must be 2..{len(DERIVED)}, got {max_rules}")
         if not 1 <= min_questions <= max_questions:
             raise ValueError(f"need 1 <= min_questions <= max_questions, got {min_questions}..{max_questions}")
         self.max_rules = max_rules
         self.min_questions, self.max_questions = min_questions, max_questions
+        self.rules = rules
 
     def sample(self, rng: random.Random) -> Example:
         base = rng.sample(BASE, 3)
@@ -51,9 +58,9 @@ class RuleLookupTask(Task):
         n_q = min(rng.randint(self.min_questions, self.max_questions), len(every))
         questions = [(people[i], rules[j]) for i, j in sorted(rng.sample(every, n_q))]
         prompt = render(rules, people, facts, base, [(p, rule[0]) for p, rule in questions], "stated",
-                        "sentence", INSTRUCTION)
+                        self.rules, INSTRUCTION)
         answer = "\n".join(f"{k}. Is {p} {rule[0]}? {fact_line(p, facts[p], base, 'stated')} "
-                           f"{rule_line(rule, 'sentence')}" for k, (p, rule) in enumerate(questions, 1))
+                           f"{rule_line(rule, self.rules)}" for k, (p, rule) in enumerate(questions, 1))
         return Example(prompt, answer, self.name, {})
 
     def score(self, example: Example, output_text: str) -> dict[str, Any]:
