@@ -1,0 +1,114 @@
+"""How often the model copies the right rule: on `joint`'s derivation lines and on the `rules` drill.
+
+A derived property's line copies the rule behind it: `2. Is Kim cleared? Kim is rested. Anyone who
+is licensed and rested is cleared. no`. The rule is found by its property, which the sentence form
+writes last, after the conditions it decides by (a backward lookup); the keyed form, `cleared:
+licensed and rested.`, writes it first. Under teacher forcing (the target given as prefix, causal
+mode, what AR decoding sees) this counts the rule copies whose every token from the first condition
+to the rule's end is the model's most likely token, on joint's lines (2 or 3 rules in a prompt) and
+on the drill's (2 to 4; `clover.data.tasks.rules`), by the number of rules in the prompt. Each wrong
+token is put down to where it comes from: a condition of another rule, a property of the fact line
+written just before, both, neither, or a wrong count of conditions (`and` against the rule's end).
+
+    python benchmarks/rule_lookups.py --limit 80 --seed 3
+    python benchmarks/rule_lookups.py --checkpoint runs/rules-a/checkpoints/step-0001000 --limit 80 --seed 3
+    python benchmarks/rule_lookups.py --drill keyed --limit 80 --seed 3
+"""
+
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import embedded_probe_parser, load_probe_model  # noqa: E402
+
+SENTENCE = re.compile(r"Anyone who is (.+?) is (\w+)\.")
+KEYED = re.compile(r"^(\w+): (.+?)\.$", re.MULTILINE)  # a keyed rule line, `cleared: licensed and rested.`
+COUNT_WORDS = ("and", "is", ".")  # a condition more or one fewer than the rule has
+
+
+def prompt_rules(prompt: str) -> dict[str, str]:
+    """{derived property: its conditions as written} for the rules block of a joint or drill prompt."""
+    block = prompt.split("Facts")[0]
+    rules = {m[2]: m[1] for m in SENTENCE.finditer(block)}
+    return rules or {m[1]: m[2] for m in KEYED.finditer(block)}
+
+
+def rule_copies(text: str) -> list[tuple[int, int, str, str]]:
+    """`(start, end, asked property, fact line)` of each rule copied in a derivation or drill answer
+    `text`, one per line that has one: [start, end) spans the characters from the first condition to
+    the rule's final full stop."""
+    copies, at = [], 0
+    for line in text.splitlines(keepends=True):
+        question, _, rest = line.partition("? ")
+        fact, _, rest = rest.partition(". ")
+        asked = question.split()[-1] if question else ""
+        sentence = SENTENCE.search(line)
+        if sentence and sentence[2] == asked:
+            copies.append((at + sentence.start(1), at + sentence.end(), asked, fact))
+        elif rest.startswith(f"{asked}: "):
+            start = at + line.index(rest) + len(asked) + 2
+            copies.append((start, start + rest.index(".") - len(asked) - 1, asked, fact))
+        at += len(line)
+    return copies
+
+
+def error_source(got: str, asked: str, rules: dict[str, str], fact: str) -> str:
+    """Where a wrong token of the rule for `asked` comes from (see the module docstring)."""
+    if got in COUNT_WORDS:
+        return "count"
+    other = {w for prop, conditions in rules.items() if prop != asked for w in conditions.split()}
+    in_other, in_fact = got in other, got in fact.replace(",", " ").split()
+    return {(True, True): "other rule and fact line", (True, False): "other rule",
+            (False, True): "fact line", (False, False): "neither"}[in_other, in_fact]
+
+
+def lookup_rows(model, tokenizer, groups: dict[str, list]) -> list[str]:
+    """Per group of examples (name -> examples): rule copies right under teacher forcing, in all and
+    by the number of rules in the prompt, and the wrong tokens by source."""
+    from clover.data import format_chat
+    from clover.evaluation.field_loss import teacher_forced
+
+    rows = []
+    for name, examples in groups.items():
+        right, sources = Counter(), Counter()
+        for example in examples:
+            text = example.reasoning or example.answer
+            start = format_chat(tokenizer, example, enable_thinking=True).answer.index(text)
+            rules = prompt_rules(example.prompt)
+            forced = teacher_forced(model, tokenizer, example, enable_thinking=True)
+            predicted = forced.ar.argmax(-1)
+            for a, b, asked, fact in rule_copies(text):
+                wrong = [k for k in forced.tokens(start + a, start + b) if predicted[k] != forced.targets[k]]
+                right[len(rules), not wrong] += 1
+                sources.update(error_source(tokenizer.decode([int(predicted[k])]).strip(), asked, rules, fact)
+                               for k in wrong)
+        n_rules = sorted({n for n, _ in right})
+        hits, total = sum(right[n, True] for n in n_rules), sum(right.values())
+        by_rules = ", ".join(f"{n} rules {right[n, True]}/{right[n, True] + right[n, False]}" for n in n_rules)
+        rows.append(f"{name}: {hits}/{total} rule copies right ({hits / max(total, 1):.3f}; {by_rules})")
+        rows.append("  wrong tokens: " + (", ".join(f"{s} {c}" for s, c in sources.most_common()) or "none"))
+    return rows
+
+
+def main() -> None:
+    import torch
+
+    from clover.data import eval_examples, get_task
+
+    parser = embedded_probe_parser(__doc__, limit_help="prompts of each task")
+    parser.add_argument("--drill", choices=("sentence", "keyed"), default="sentence",
+                        help="the form of the drill's rules")
+    args = parser.parse_args()
+    path, model, tokenizer = load_probe_model(args)
+    groups = {"joint": eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint")]),
+              f"rules drill ({args.drill})": eval_examples(args.limit, seed=args.seed,
+                                                           tasks=[get_task("rules", rules=args.drill)])}
+    print(f"model {path}, seed {args.seed}, teacher-forced, causal\n")
+    with torch.inference_mode():
+        print("\n".join(lookup_rows(model, tokenizer, groups)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""`benchmarks/rule_lookups.py` finds each copied rule and says where a wrong token comes from."""
+
+import random
+
+import pytest
+import torch
+
+from clover.data import eval_examples, get_task
+from benchmark_script import load_benchmark
+
+rule_lookups = load_benchmark("rule_lookups")
+
+
+def _joint_with_rules():
+    task, rng = get_task("joint", min_questions=3, max_questions=4), random.Random(0)
+    while True:
+        example = task.sample(rng)
+        if sum(example.meta["derived"]) >= 2:
+            return example
+
+
+def test_a_joint_derivation_s_rule_copies_span_conditions_to_the_rule_s_end():
+    example = _joint_with_rules()
+    rules = rule_lookups.prompt_rules(example.prompt)
+    copies = rule_lookups.rule_copies(example.reasoning)
+    assert len(copies) == sum(example.meta["derived"]) >= 2
+    for a, b, asked, fact in copies:
+        assert example.reasoning[a:b] == f"{rules[asked]} is {asked}."
+        line = next(line for line in example.reasoning.splitlines() if f" {asked}? " in line and fact in line)
+        assert line.split("? ")[1].startswith(fact)
+
+
+@pytest.mark.parametrize("form", ["sentence", "keyed"])
+def test_a_drill_line_s_rule_copy_in_either_form(form):
+    rng = random.Random(1)
+    example = get_task("rules", rules=form).sample(rng)
+    rules = rule_lookups.prompt_rules(example.prompt)
+    assert rules == rule_lookups.prompt_rules(get_task("rules").sample(random.Random(1)).prompt)  # same world
+    copies = rule_lookups.rule_copies(example.answer)
+    assert len(copies) == len(example.answer.splitlines())
+    for a, b, asked, _ in copies:
+        assert example.answer[a:b] == (f"{rules[asked]} is {asked}." if form == "sentence" else f"{rules[asked]}.")
+
+
+def test_error_sources():
+    rules = {"cleared": "licensed and rested", "approved": "insured"}
+    source = rule_lookups.error_source
+    assert source("and", "approved", rules, "Kim is insured") == "count"
+    assert source("licensed", "approved", rules, "Kim is insured") == "other rule"
+    assert source("licensed", "approved", rules, "Kim is licensed, insured and rested") == "other rule and fact line"
+    assert source("trained", "cleared", rules, "Kim is trained") == "fact line"
+    assert source("Kim", "cleared", rules, "Kim is trained") == "fact line"
+    assert source("certified", "cleared", rules, "Kim is trained") == "neither"
+
+
+def test_rows_count_every_rule_copy_once(model, tokenizer):
+    """On a tiny random model: each group's total is the number of copied rules, split by the
+    number of rules in the prompt."""
+    joint = eval_examples(3, seed=0, tasks=[get_task("joint")])
+    drill = eval_examples(3, seed=0, tasks=[get_task("rules")])
+    with torch.inference_mode():
+        rows = rule_lookups.lookup_rows(model, tokenizer, {"joint": joint, "drill": drill})
+    assert [row.split(":")[0] for row in rows[::2]] == ["joint", "drill"]
+    for row, examples in zip(rows[::2], (joint, drill)):
+        n = sum(len(rule_lookups.rule_copies(e.reasoning or e.answer)) for e in examples)
+        assert row.split(": ")[1].startswith(f"{row.split(': ')[1].split('/')[0]}/{n} ")
+        by_rules = row.split("; ")[1].rstrip(")").split(", ")
+        assert sum(int(part.split("/")[1]) for part in by_rules) == n
