@@ -9,6 +9,8 @@ to the rule's end is the model's most likely token, on joint's lines (2 or 3 rul
 on the drill's (2 to 4; `clover.data.tasks.rules`), by the number of rules in the prompt. Each wrong
 token is put down to where it comes from: a condition of another rule, a property of the fact line
 written just before, both, neither, or a wrong count of conditions (`and` against the rule's end).
+The rule's full stop counts as right whatever the tokenizer glues to it (`.` or `.` and a newline:
+where the line ends is not the lookup).
 
     python benchmarks/rule_lookups.py --limit 80 --seed 3
     python benchmarks/rule_lookups.py --checkpoint runs/rules-a/checkpoints/step-0001000 --limit 80 --seed 3
@@ -25,7 +27,8 @@ from common import embedded_probe_parser, load_probe_model  # noqa: E402
 
 SENTENCE = re.compile(r"Anyone who is (.+?) is (\w+)\.")
 KEYED = re.compile(r"^(\w+): (.+?)\.$", re.MULTILINE)  # a keyed rule line, `cleared: licensed and rested.`
-COUNT_WORDS = ("and", "is", ".")  # a condition more or one fewer than the rule has
+COUNT_WORDS = ("and", "is", ".", "")  # a condition more or one fewer than the rule has ("": a space,
+# its own token in the shipped tokenizer, before another condition)
 
 
 def prompt_rules(prompt: str) -> dict[str, str]:
@@ -78,12 +81,13 @@ def lookup_rows(model, tokenizer, groups: dict[str, list]) -> list[str]:
             start = format_chat(tokenizer, example, enable_thinking=True).answer.index(text)
             rules = prompt_rules(example.prompt)
             forced = teacher_forced(model, tokenizer, example, enable_thinking=True)
-            predicted = forced.ar.argmax(-1)
+            predicted = [tokenizer.decode([k]) for k in forced.ar.argmax(-1).tolist()]
+            targets = [tokenizer.decode([k]) for k in forced.targets.tolist()]
             for a, b, asked, fact in rule_copies(text):
-                wrong = [k for k in forced.tokens(start + a, start + b) if predicted[k] != forced.targets[k]]
+                wrong = [predicted[k].strip() for k in forced.tokens(start + a, start + b)
+                         if predicted[k] != targets[k] and not predicted[k][:1] == targets[k][:1] == "."]
                 right[len(rules), not wrong] += 1
-                sources.update(error_source(tokenizer.decode([int(predicted[k])]).strip(), asked, rules, fact)
-                               for k in wrong)
+                sources.update(error_source(got, asked, rules, fact) for got in wrong)
         n_rules = sorted({n for n, _ in right})
         hits, total = sum(right[n, True] for n in n_rules), sum(right.values())
         by_rules = ", ".join(f"{n} rules {right[n, True]}/{right[n, True] + right[n, False]}" for n in n_rules)

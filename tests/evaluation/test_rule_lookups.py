@@ -66,3 +66,7 @@ def test_rows_count_every_rule_copy_once(model, tokenizer):
         assert row.split(": ")[1].startswith(f"{row.split(': ')[1].split('/')[0]}/{n} ")
         by_rules = row.split("; ")[1].rstrip(")").split(", ")
         assert sum(int(part.split("/")[1]) for part in by_rules) == n
+
+
+def test_a_space_before_another_condition_is_a_wrong_count():
+    assert rule_lookups.error_source("", "cleared", {"cleared": "rested"}, "Kim is rested") == "count"
