@@ -3,17 +3,20 @@
 A ``joint`` derivation line copies the rule that decides a derived property: ``2. Is Kim cleared?
 Kim is rested. Anyone who is licensed and rested is cleared. no``. The rule is found by its last
 word, so the copy looks backwards from the property to the conditions written before it. This is
-the lookup the embedded model misses most (BENCHMARKS.md, "A drill for joint's rule lookup"): under
-teacher forcing it copies the wrong rule, or the fact line's property, on about a third of the lines.
+the step of joint the embedded model misses most: under teacher forcing it copies the other rule's
+conditions, or the wrong number of them, on about a third of the lines
+(``benchmarks/rule_lookups.py``).
 
 The drill keeps joint's prompt (rules, facts, numbered questions; its own instruction) and its
 lines, but asks derived properties only, under 2 to ``max_rules`` rules (joint asks under 2 or 3)
-whose conditions all differ, and stops each line after the rule, with no verdict: ``1. Is Kim cleared? Kim is rested. Anyone who
-is licensed and rested is cleared.``. Every answer line is one rule lookup in the context a joint
-line gives it, with the fact line just written as its distractor. With ``rules="keyed"`` the rules are written
-property first, in the prompt and in the lines (``cleared: licensed and rested.``, joint's option of
-the same name), so that each lookup is a forward copy from its key. ``curriculum = True`` keeps it out
-of ``EVAL_TASKS`` and of the default mixtures.
+whose conditions all differ, and stops each line after the rule, with no verdict: ``1. Is Kim
+cleared? Kim is rested. Anyone who is licensed and rested is cleared.``. Every answer line is one
+rule lookup in the context a joint line gives it, with the fact line just written as its
+distractor. With ``rules="keyed"`` the rules are written property first, in the prompt and in the
+lines (``cleared: licensed and rested.``, joint's option of the same name), so that each lookup is
+a forward copy from its key. Measured from the embedded model, neither form teaches the lookup
+(BENCHMARKS.md, "A drill for joint's rule lookup"). ``curriculum = True`` keeps it out of
+``EVAL_TASKS`` and of the default mixtures.
 """
 
 from __future__ import annotations
@@ -56,11 +59,11 @@ class RuleLookupTask(Task):
         facts = {p: {b for b in base if rng.random() < 0.55} for p in people}
         every = [(i, j) for i in range(len(people)) for j in range(len(rules))]
         n_q = min(rng.randint(self.min_questions, self.max_questions), len(every))
-        questions = [(people[i], rules[j]) for i, j in sorted(rng.sample(every, n_q))]
-        prompt = render(rules, people, facts, base, [(p, rule[0]) for p, rule in questions], "stated",
-                        self.rules, INSTRUCTION)
-        answer = "\n".join(f"{k}. Is {p} {rule[0]}? {fact_line(p, facts[p], base, 'stated')} "
-                           f"{rule_line(rule, self.rules)}" for k, (p, rule) in enumerate(questions, 1))
+        asked = [(people[i], rules[j]) for i, j in sorted(rng.sample(every, n_q))]  # (pilot, rule)
+        questions = [(pilot, derived) for pilot, (derived, _) in asked]
+        prompt = render(rules, people, facts, base, questions, "stated", self.rules, INSTRUCTION)
+        answer = "\n".join(f"{k}. Is {pilot} {rule[0]}? {fact_line(pilot, facts[pilot], base, 'stated')} "
+                           f"{rule_line(rule, self.rules)}" for k, (pilot, rule) in enumerate(asked, 1))
         return Example(prompt, answer, self.name, {})
 
     def score(self, example: Example, output_text: str) -> dict[str, Any]:
