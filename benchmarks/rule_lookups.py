@@ -45,14 +45,13 @@ def rule_copies(text: str) -> list[tuple[int, int, str, str]]:
     copies, at = [], 0
     for line in text.splitlines(keepends=True):
         question, _, rest = line.partition("? ")
-        fact, _, rest = rest.partition(". ")
-        asked = question.split()[-1] if question else ""
+        asked, fact = question.split()[-1] if question else "", rest.partition(". ")[0]
         sentence = SENTENCE.search(line)
+        keyed = re.search(rf"\. {re.escape(asked)}: (.+?\.)", line) if asked else None
         if sentence and sentence[2] == asked:
             copies.append((at + sentence.start(1), at + sentence.end(), asked, fact))
-        elif rest.startswith(f"{asked}: "):
-            start = at + line.index(rest) + len(asked) + 2
-            copies.append((start, start + rest.index(".") - len(asked) - 1, asked, fact))
+        elif keyed:
+            copies.append((at + keyed.start(1), at + keyed.end(1), asked, fact))
         at += len(line)
     return copies
 
@@ -70,27 +69,30 @@ def error_source(got: str, asked: str, rules: dict[str, str], fact: str) -> str:
 def lookup_rows(model, tokenizer, groups: dict[str, list]) -> list[str]:
     """Per group of examples (name -> examples): rule copies right under teacher forcing, in all and
     by the number of rules in the prompt, and the wrong tokens by source."""
-    from clover.data import format_chat
     from clover.evaluation.field_loss import teacher_forced
 
     rows = []
     for name, examples in groups.items():
-        right, sources = Counter(), Counter()
+        right, copied, sources = Counter(), Counter(), Counter()  # right and copied by number of rules
         for example in examples:
             text = example.reasoning or example.answer
-            start = format_chat(tokenizer, example, enable_thinking=True).answer.index(text)
             rules = prompt_rules(example.prompt)
             forced = teacher_forced(model, tokenizer, example, enable_thinking=True)
-            predicted = [tokenizer.decode([k]) for k in forced.ar.argmax(-1).tolist()]
-            targets = [tokenizer.decode([k]) for k in forced.targets.tolist()]
+            start = forced.answer.index(text)
+            predicted = forced.ar.argmax(-1)
             for a, b, asked, fact in rule_copies(text):
-                wrong = [predicted[k].strip() for k in forced.tokens(start + a, start + b)
-                         if predicted[k] != targets[k] and not predicted[k][:1] == targets[k][:1] == "."]
-                right[len(rules), not wrong] += 1
+                wrong = []
+                for k in forced.tokens(start + a, start + b):
+                    if forced.right["AR"][k]:
+                        continue
+                    got, want = (tokenizer.decode([int(ids[k])]) for ids in (predicted, forced.targets))
+                    if not got[:1] == want[:1] == ".":  # the full stop is right, whatever is glued to it
+                        wrong.append(got.strip())
+                right[len(rules)] += not wrong
+                copied[len(rules)] += 1
                 sources.update(error_source(got, asked, rules, fact) for got in wrong)
-        n_rules = sorted({n for n, _ in right})
-        hits, total = sum(right[n, True] for n in n_rules), sum(right.values())
-        by_rules = ", ".join(f"{n} rules {right[n, True]}/{right[n, True] + right[n, False]}" for n in n_rules)
+        hits, total = sum(right.values()), sum(copied.values())
+        by_rules = ", ".join(f"{n} rules {right[n]}/{copied[n]}" for n in sorted(copied))
         rows.append(f"{name}: {hits}/{total} rule copies right ({hits / max(total, 1):.3f}; {by_rules})")
         rows.append("  wrong tokens: " + (", ".join(f"{s} {c}" for s, c in sources.most_common()) or "none"))
     return rows
