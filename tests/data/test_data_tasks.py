@@ -403,6 +403,33 @@ def test_joint_keyed_rules_and_facts_write_the_key_first(facts):
         get_task("joint", facts=facts, rules="keyed", checks="paired")
 
 
+@pytest.mark.parametrize("chain", [False, True])
+def test_joint_scan_copies_every_rule_up_to_the_one_behind_the_property(chain):
+    """With `derive="scan"` a derived line copies the prompt's rules in order, the first one first,
+    and stops after the last rule behind its property; everything else (prompt, answer, base lines,
+    fact lines, verdicts) is the lookup's, draw for draw."""
+    lookup = get_task("joint", balanced=True, chain=chain, max_rules=3)
+    scan = get_task("joint", balanced=True, chain=chain, max_rules=3, derive="scan")
+    stops = set()
+    for seed in range(200):
+        a, b = lookup.sample(random.Random(seed)), scan.sample(random.Random(seed))
+        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta)
+        rules = [l for l in b.prompt.splitlines() if l.startswith("Anyone")]
+        for line, old, derived in zip(b.reasoning.splitlines(), a.reasoning.splitlines(), b.meta["derived"]):
+            if not derived:
+                assert line == old
+                continue
+            prop = line.split("?")[0].split()[-1]
+            copied = re.findall(r"Anyone who is .+? is \w+\.", line)
+            assert copied == rules[:len(copied)] and copied[-1].endswith(f" is {prop}.")
+            assert not any(r.endswith(f" is {prop}.") for r in copied[:-1])
+            assert line.startswith(old.split(" Anyone")[0]) and line.split()[-1] == old.split()[-1]
+            stops.add(len(copied))
+    assert stops == {1, 2, 3}
+    with pytest.raises(ValueError, match="derive='search' must be one of"):
+        get_task("joint", derive="search")
+
+
 def test_airspace_radii_write_each_listed_zone_radius_as_worded_and_in_km():
     """With `radii=True` the line of each zone the answer lists ends with its radius as the latest
     notice that gave one words it, then in km as the JSON writes it; cancelled zones' lines do not

@@ -56,6 +56,15 @@ token right before the conditions, as the name is before a fact line's propertie
 follows its key. ``2. Is Kim cleared? Kim: rested. cleared: licensed and rested. no``. Measured from
 the embedded model's stage 14, the keyed forms copied no better (BENCHMARKS.md, "Two more stages").
 
+With ``derive="scan"`` (a training option; the default ``"lookup"`` writes the rule behind the
+property) a derived line copies the rules in prompt order up to and including the one behind the
+property: ``2. Is Kim cleared? Kim is rested. Anyone who is insured and rested is qualified. Anyone
+who is licensed and rested is cleared. no``. The lookup copies a rule found by its last word, which
+the rule's first words cannot see in causal order (the embedded model copies it right 30 times in
+44, BENCHMARKS.md, "A drill for joint's rule lookup"); the scan copies the first rule, then the one
+after the rule just copied, and each stop is a comparison of the word just written with the
+question's property.
+
 With ``ask_derived=False`` (a training option; derived properties are asked by default) every question
 asks a base property: the rules are still given, but no line needs them, so each answer is one check
 of the fact line.
@@ -94,6 +103,7 @@ _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its ch
 _CLOSED_WORLD = "Facts (nothing else is true):"
 _FACT_HEADINGS = {"stated": _CLOSED_WORLD, "keyed": _CLOSED_WORLD, "roster": "Roster:"}
 RULE_FORMS = ("sentence", "keyed")  # "Anyone who is a and b is d." or "d: a and b."
+DERIVATIONS = ("lookup", "scan")  # a derived line copies the rule behind it, or every rule up to it
 _SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
 
@@ -108,7 +118,7 @@ class JointTask(Task):
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
                  chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: str = "",
                  facts: str = "stated", rules: str = "sentence", ask_derived: bool = True,
-                 min_people: int = 1):
+                 min_people: int = 1, derive: str = "lookup"):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
@@ -126,6 +136,8 @@ class JointTask(Task):
                              f"chain=False and checks='', got chain={chain}, checks={checks!r}")
         if rules not in RULE_FORMS:
             raise ValueError(f"rules={rules!r} must be one of {RULE_FORMS}")
+        if derive not in DERIVATIONS:
+            raise ValueError(f"derive={derive!r} must be one of {DERIVATIONS}")
         if "keyed" in (rules, facts) and checks:
             raise ValueError(f"keyed rules or facts are written without checks (a keyed line reads like a "
                              f"listed check), got rules={rules!r}, facts={facts!r}, checks={checks!r}")
@@ -140,6 +152,7 @@ class JointTask(Task):
         self.rules = rules
         self.ask_derived = ask_derived  # else every question asks a base property
         self.min_people = min_people  # pilots in a prompt: at least this many (and enough for the questions)
+        self.derive = derive
 
     def sample(self, rng: random.Random) -> Example:
         base = rng.sample(BASE, 3)
@@ -173,6 +186,8 @@ class JointTask(Task):
         the question, the fact line, the rule(s) behind the property, [the checks,] the answer."""
         behind = _rules_behind(prop, rules)
         conditions = behind[0][1] if behind else (prop,)
+        if self.derive == "scan" and behind:  # every rule in prompt order, up to the last one behind
+            behind = rules[:rules.index(behind[-1]) + 1]
         words = [f"{k}. Is {pilot} {prop}?", fact_line(pilot, held, base, self.facts),
                  *(rule_line(rule, self.rules) for rule in behind)]
         if self.facts == "roster":
