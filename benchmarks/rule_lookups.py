@@ -15,6 +15,7 @@ where the line ends is not the lookup).
     python benchmarks/rule_lookups.py --limit 80 --seed 3
     python benchmarks/rule_lookups.py --checkpoint runs/rules-a/checkpoints/step-0001000 --limit 80 --seed 3
     python benchmarks/rule_lookups.py --drill keyed --limit 80 --seed 3
+    python benchmarks/rule_lookups.py --derive scan --checkpoint runs/scan-a/checkpoints/step-0001000 --limit 40 --seed 3
 """
 
 import re
@@ -39,17 +40,18 @@ def prompt_rules(prompt: str) -> dict[str, str]:
 
 
 def rule_copies(text: str) -> list[tuple[int, int, str, str]]:
-    """`(start, end, asked property, fact line)` of each rule copied in a derivation or drill answer
-    `text`, one per line that has one: [start, end) spans the characters from the first condition to
-    the rule's final full stop."""
+    """`(start, end, rule's property, fact line)` of each rule copied in a derivation or drill answer
+    `text`: [start, end) spans the characters from the first condition to the rule's final full stop.
+    A line copies the rule behind its asked property, and in joint's scan (`derive="scan"`) the rules
+    before it too."""
     copies, at = [], 0
     for line in text.splitlines(keepends=True):
         question, _, rest = line.partition("? ")
         asked, fact = question.split()[-1] if question else "", rest.partition(". ")[0]
-        sentence = SENTENCE.search(line)
+        sentences = list(SENTENCE.finditer(line))
         keyed = re.search(rf"\. {re.escape(asked)}: (.+?\.)", line) if asked else None
-        if sentence and sentence[2] == asked:
-            copies.append((at + sentence.start(1), at + sentence.end(), asked, fact))
+        if sentences:
+            copies += [(at + m.start(1), at + m.end(), m[2], fact) for m in sentences]
         elif keyed:
             copies.append((at + keyed.start(1), at + keyed.end(1), asked, fact))
         at += len(line)
@@ -80,7 +82,7 @@ def lookup_rows(model, tokenizer, groups: dict[str, list]) -> list[str]:
             forced = teacher_forced(model, tokenizer, example, enable_thinking=True)
             start = forced.answer.index(text)
             predicted = forced.ar.argmax(-1)
-            for a, b, asked, fact in rule_copies(text):
+            for a, b, prop, fact in rule_copies(text):
                 wrong = []
                 for k in forced.tokens(start + a, start + b):
                     if forced.right["AR"][k]:
@@ -90,7 +92,7 @@ def lookup_rows(model, tokenizer, groups: dict[str, list]) -> list[str]:
                         wrong.append(got.strip())
                 right[len(rules)] += not wrong
                 copied[len(rules)] += 1
-                sources.update(error_source(got, asked, rules, fact) for got in wrong)
+                sources.update(error_source(got, prop, rules, fact) for got in wrong)
         hits, total = sum(right.values()), sum(copied.values())
         by_rules = ", ".join(f"{n} rules {right[n]}/{copied[n]}" for n in sorted(copied))
         rows.append(f"{name}: {hits}/{total} rule copies right ({hits / max(total, 1):.3f}; {by_rules})")
@@ -104,11 +106,14 @@ def main() -> None:
     from clover.data import eval_examples, get_task
 
     parser = embedded_probe_parser(__doc__, limit_help="prompts of each task")
+    parser.add_argument("--derive", choices=("lookup", "scan"), default="lookup",
+                        help="how joint's derived lines copy their rules")
     parser.add_argument("--drill", choices=("sentence", "keyed"), default="sentence",
                         help="the form of the drill's rules")
     args = parser.parse_args()
     path, model, tokenizer = load_probe_model(args)
-    groups = {"joint": eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint")]),
+    joint = get_task("joint", derive=args.derive)
+    groups = {f"joint ({args.derive})": eval_examples(args.limit, seed=args.seed, tasks=[joint]),
               f"rules drill ({args.drill})": eval_examples(args.limit, seed=args.seed,
                                                            tasks=[get_task("rules", rules=args.drill)])}
     print(f"model {path}, seed {args.seed}, teacher-forced, causal\n")

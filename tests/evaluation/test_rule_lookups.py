@@ -1,6 +1,7 @@
 """`benchmarks/rule_lookups.py` finds each copied rule and says where a wrong token comes from."""
 
 import random
+import re
 
 import pytest
 import torch
@@ -28,6 +29,17 @@ def test_a_joint_derivation_s_rule_copies_span_conditions_to_the_rule_s_end():
         assert example.reasoning[a:b] == f"{rules[asked]} is {asked}."
         line = next(line for line in example.reasoning.splitlines() if f" {asked}? " in line and fact in line)
         assert line.split("? ")[1].startswith(fact)
+
+
+def test_a_scan_line_s_every_rule_is_a_copy_under_its_own_property():
+    task, rng = get_task("joint", min_questions=3, max_questions=4, derive="scan"), random.Random(0)
+    example = next(e for e in iter(lambda: task.sample(rng), None) if len(re.findall("Anyone", e.reasoning)) >
+                   sum(e.meta["derived"]))  # a line that scans past a rule
+    rules = rule_lookups.prompt_rules(example.prompt)
+    copies = rule_lookups.rule_copies(example.reasoning)
+    assert len(copies) == example.reasoning.count("Anyone") > sum(example.meta["derived"])
+    for a, b, prop, _ in copies:
+        assert example.reasoning[a:b] == f"{rules[prop]} is {prop}."
 
 
 @pytest.mark.parametrize("form", ["sentence", "keyed"])
