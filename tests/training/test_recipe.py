@@ -412,3 +412,15 @@ def test_the_keyed_drill_probe_differs_from_the_drill_probe_in_the_rules_form_al
     assert "rules" not in control.data.task_options
     assert probe.data == dataclasses.replace(
         control.data, task_options={**control.data.task_options, "rules": {"rules": "keyed"}})
+
+
+def test_the_scan_runs_are_the_third_round_continuation_with_joint_derived_by_scan():
+    """Same init, mix, batch and length as `curriculum_soup3_a_cpu`; joint's derivations scan the
+    rules (`derive: scan`); the two runs differ in learning rate and seeds only."""
+    a, b, control = (load_recipe(ROOT / "recipes" / f"{n}.json")
+                     for n in ("scan_a_cpu", "scan_b_cpu", "curriculum_soup3_a_cpu"))
+    assert a.model == b.model == control.model and a.tokenizer == control.tokenizer
+    options = {**control.data.task_options, "joint": {**control.data.task_options["joint"], "derive": "scan"}}
+    for run, lr, seed in ((a, 3e-4, 133), (b, 5e-4, 134)):
+        assert run.train == dataclasses.replace(control.train, lr=lr, seed=seed)
+        assert run.data == dataclasses.replace(control.data, task_options=options, seed=seed)
