@@ -6,7 +6,9 @@ writes last, after the conditions it decides by (a backward lookup); the keyed f
 licensed and rested.`, writes it first. Under teacher forcing (the target given as prefix, causal
 mode, what AR decoding sees) this counts the rule copies whose every token from the first condition
 to the rule's end is the model's most likely token, on joint's lines (2 or 3 rules in a prompt) and
-on the drill's (2 to 4; `clover.data.tasks.rules`), by the number of rules in the prompt. Each wrong
+on the drill's (2 to 4; `clover.data.tasks.rules`), by the number of rules in the prompt and by
+place in the line (with `--derive scan` joint's lines copy every rule up to the one behind their
+property, and each copy counts against its own rule: a rule the scan passes, or the one behind). Each wrong
 token is put down to where it comes from: a condition of another rule, a property of the fact line
 written just before, both, neither, or a wrong count of conditions (`and` against the rule's end).
 The rule's full stop counts as right whatever the tokenizer glues to it (`.` or `.` and a newline:
@@ -39,11 +41,12 @@ def prompt_rules(prompt: str) -> dict[str, str]:
     return rules or {m[1]: m[2] for m in KEYED.finditer(block)}
 
 
-def rule_copies(text: str) -> list[tuple[int, int, str, str]]:
-    """`(start, end, rule's property, fact line)` of each rule copied in a derivation or drill answer
-    `text`: [start, end) spans the characters from the first condition to the rule's final full stop.
-    A line copies the rule behind its asked property, and in joint's scan (`derive="scan"`) the rules
-    before it too."""
+def rule_copies(text: str) -> list[tuple[int, int, str, str, str]]:
+    """`(start, end, rule's property, fact line, place)` of each rule copied in a derivation or drill
+    answer `text`: [start, end) spans the characters from the first condition to the rule's final full
+    stop. A line copies the rule behind its asked property, and in joint's scan (`derive="scan"`) the
+    rules before it too; `place` says which of the line's copies it is and whether the line's
+    question asks its property: `1st, behind`, `1st, passed` (a scan goes on past it), `2nd, behind`."""
     copies, at = [], 0
     for line in text.splitlines(keepends=True):
         question, _, rest = line.partition("? ")
@@ -51,11 +54,16 @@ def rule_copies(text: str) -> list[tuple[int, int, str, str]]:
         sentences = list(SENTENCE.finditer(line))
         keyed = re.search(rf"\. {re.escape(asked)}: (.+?\.)", line) if asked else None
         if sentences:
-            copies += [(at + m.start(1), at + m.end(), m[2], fact) for m in sentences]
+            copies += [(at + m.start(1), at + m.end(), m[2], fact, _place(k, m[2] == asked))
+                       for k, m in enumerate(sentences)]
         elif keyed:
-            copies.append((at + keyed.start(1), at + keyed.end(1), asked, fact))
+            copies.append((at + keyed.start(1), at + keyed.end(1), asked, fact, _place(0, True)))
         at += len(line)
     return copies
+
+
+def _place(k: int, behind: bool) -> str:
+    return f"{('1st', '2nd', '3rd')[k] if k < 3 else f'{k + 1}th'}, {'behind' if behind else 'passed'}"
 
 
 def error_source(got: str, asked: str, rules: dict[str, str], fact: str) -> str:
@@ -76,13 +84,14 @@ def lookup_rows(model, tokenizer, groups: dict[str, list]) -> list[str]:
     rows = []
     for name, examples in groups.items():
         right, copied, sources = Counter(), Counter(), Counter()  # right and copied by number of rules
+        placed = Counter()  # (place in the line, right) -> copies
         for example in examples:
             text = example.reasoning or example.answer
             rules = prompt_rules(example.prompt)
             forced = teacher_forced(model, tokenizer, example, enable_thinking=True)
             start = forced.answer.index(text)
             predicted = forced.ar.argmax(-1)
-            for a, b, prop, fact in rule_copies(text):
+            for a, b, prop, fact, place in rule_copies(text):
                 wrong = []
                 for k in forced.tokens(start + a, start + b):
                     if forced.right["AR"][k]:
@@ -92,10 +101,14 @@ def lookup_rows(model, tokenizer, groups: dict[str, list]) -> list[str]:
                         wrong.append(got.strip())
                 right[len(rules)] += not wrong
                 copied[len(rules)] += 1
+                placed[place, not wrong] += 1
                 sources.update(error_source(got, prop, rules, fact) for got in wrong)
         hits, total = sum(right.values()), sum(copied.values())
         by_rules = ", ".join(f"{n} rules {right[n]}/{copied[n]}" for n in sorted(copied))
         rows.append(f"{name}: {hits}/{total} rule copies right ({hits / max(total, 1):.3f}; {by_rules})")
+        places = sorted({place for place, _ in placed})
+        rows.append("  by place in the line: " + "; ".join(
+            f"{p} {placed[p, True]}/{placed[p, True] + placed[p, False]}" for p in places))
         rows.append("  wrong tokens: " + (", ".join(f"{s} {c}" for s, c in sources.most_common()) or "none"))
     return rows
 

@@ -25,8 +25,8 @@ def test_a_joint_derivation_s_rule_copies_span_conditions_to_the_rule_s_end():
     rules = rule_lookups.prompt_rules(example.prompt)
     copies = rule_lookups.rule_copies(example.reasoning)
     assert len(copies) == sum(example.meta["derived"]) >= 2
-    for a, b, asked, fact in copies:
-        assert example.reasoning[a:b] == f"{rules[asked]} is {asked}."
+    for a, b, asked, fact, place in copies:
+        assert example.reasoning[a:b] == f"{rules[asked]} is {asked}." and place == "1st, behind"
         line = next(line for line in example.reasoning.splitlines() if f" {asked}? " in line and fact in line)
         assert line.split("? ")[1].startswith(fact)
 
@@ -38,8 +38,10 @@ def test_a_scan_line_s_every_rule_is_a_copy_under_its_own_property():
     rules = rule_lookups.prompt_rules(example.prompt)
     copies = rule_lookups.rule_copies(example.reasoning)
     assert len(copies) == example.reasoning.count("Anyone") > sum(example.meta["derived"])
-    for a, b, prop, _ in copies:
+    for a, b, prop, _, place in copies:
         assert example.reasoning[a:b] == f"{rules[prop]} is {prop}."
+    places = {place for *_, place in copies}  # two rules: a scan passes the first or stops at it
+    assert {"1st, passed", "2nd, behind"} <= places <= {"1st, behind", "1st, passed", "2nd, behind"}
 
 
 @pytest.mark.parametrize("form", ["sentence", "keyed"])
@@ -50,7 +52,7 @@ def test_a_drill_line_s_rule_copy_in_either_form(form):
     assert rules == rule_lookups.prompt_rules(get_task("rules").sample(random.Random(1)).prompt)  # same world
     copies = rule_lookups.rule_copies(example.answer)
     assert len(copies) == len(example.answer.splitlines())
-    for a, b, asked, _ in copies:
+    for a, b, asked, _, _ in copies:
         assert example.answer[a:b] == (f"{rules[asked]} is {asked}." if form == "sentence" else f"{rules[asked]}.")
 
 
@@ -72,12 +74,13 @@ def test_rows_count_every_rule_copy_once(model, tokenizer):
     drill = eval_examples(3, seed=0, tasks=[get_task("rules")])
     with torch.inference_mode():
         rows = rule_lookups.lookup_rows(model, tokenizer, {"joint": joint, "drill": drill})
-    assert [row.split(":")[0] for row in rows[::2]] == ["joint", "drill"]
-    for row, examples in zip(rows[::2], (joint, drill)):
+    assert [row.split(":")[0] for row in rows[::3]] == ["joint", "drill"]
+    for row, places, examples in zip(rows[::3], rows[1::3], (joint, drill)):
         n = sum(len(rule_lookups.rule_copies(e.reasoning or e.answer)) for e in examples)
         assert row.split(": ")[1].startswith(f"{row.split(': ')[1].split('/')[0]}/{n} ")
         by_rules = row.split("; ")[1].rstrip(")").split(", ")
         assert sum(int(part.split("/")[1]) for part in by_rules) == n
+        assert sum(int(part.split("/")[1]) for part in places.split(": ")[1].split("; ")) == n
 
 
 def test_a_space_before_another_condition_is_a_wrong_count():

@@ -63,7 +63,9 @@ who is licensed and rested is cleared. no``. The lookup copies a rule found by i
 the rule's first words cannot see in causal order (the embedded model copies it right 30 times in
 44, BENCHMARKS.md, "A drill for joint's rule lookup"); the scan copies the first rule, then the one
 after the rule just copied, and each stop is a comparison of the word just written with the
-question's property.
+question's property. Measured from the embedded model, the scan copies a passed rule's conditions
+but writes the question's property as its conclusion, and joint answers no better (BENCHMARKS.md,
+"A scan of the rules").
 
 With ``ask_derived=False`` (a training option; derived properties are asked by default) every question
 asks a base property: the rules are still given, but no line needs them, so each answer is one check
@@ -186,10 +188,11 @@ class JointTask(Task):
         the question, the fact line, the rule(s) behind the property, [the checks,] the answer."""
         behind = _rules_behind(prop, rules)
         conditions = behind[0][1] if behind else (prop,)
-        if self.derive == "scan" and behind:  # every rule in prompt order, up to the last one behind
-            behind = rules[:rules.index(behind[-1]) + 1]
+        written = behind  # the scan writes every rule in prompt order, up to the last one behind
+        if self.derive == "scan" and behind:
+            written = rules[:rules.index(behind[-1]) + 1]
         words = [f"{k}. Is {pilot} {prop}?", fact_line(pilot, held, base, self.facts),
-                 *(rule_line(rule, self.rules) for rule in behind)]
+                 *(rule_line(rule, self.rules) for rule in written)]
         if self.facts == "roster":
             words.append(_values(conditions, held))
         elif self.checks:
