@@ -51,19 +51,23 @@ def rule_copies(text: str) -> list[tuple[int, int, str, str, str]]:
     for line in text.splitlines(keepends=True):
         question, _, rest = line.partition("? ")
         asked, fact = question.split()[-1] if question else "", rest.partition(". ")[0]
-        sentences = list(SENTENCE.finditer(line))
-        keyed = re.search(rf"\. {re.escape(asked)}: (.+?\.)", line) if asked else None
-        if sentences:
+        if sentences := list(SENTENCE.finditer(line)):
             copies += [(at + m.start(1), at + m.end(), m[2], fact, _place(k, m[2] == asked))
                        for k, m in enumerate(sentences)]
-        elif keyed:
+        elif asked and (keyed := re.search(rf"\. {re.escape(asked)}: (.+?\.)", line)):
             copies.append((at + keyed.start(1), at + keyed.end(1), asked, fact, _place(0, True)))
         at += len(line)
     return copies
 
 
 def _place(k: int, behind: bool) -> str:
-    return f"{('1st', '2nd', '3rd')[k] if k < 3 else f'{k + 1}th'}, {'behind' if behind else 'passed'}"
+    """`2nd, behind`: the k-th copy of a line (joint has at most 3 rules), and whether it is the rule behind."""
+    return f"{('1st', '2nd', '3rd')[k]}, {'behind' if behind else 'passed'}"
+
+
+def _fractions(tally: Counter, keys, label) -> list[str]:
+    """`label(key) right/copied` for each key of a tally of `(key, right)` pairs."""
+    return [f"{label(key)} {tally[key, True]}/{tally[key, True] + tally[key, False]}" for key in keys]
 
 
 def error_source(got: str, asked: str, rules: dict[str, str], fact: str) -> str:
@@ -83,8 +87,7 @@ def lookup_rows(model, tokenizer, groups: dict[str, list]) -> list[str]:
 
     rows = []
     for name, examples in groups.items():
-        right, copied, sources = Counter(), Counter(), Counter()  # right and copied by number of rules
-        placed = Counter()  # (place in the line, right) -> copies
+        by_rules, by_place, sources = Counter(), Counter(), Counter()  # (rules in the prompt | place, right)
         for example in examples:
             text = example.reasoning or example.answer
             rules = prompt_rules(example.prompt)
@@ -99,16 +102,14 @@ def lookup_rows(model, tokenizer, groups: dict[str, list]) -> list[str]:
                     got, want = (tokenizer.decode([int(ids[k])]) for ids in (predicted, forced.targets))
                     if not got[:1] == want[:1] == ".":  # the full stop is right, whatever is glued to it
                         wrong.append(got.strip())
-                right[len(rules)] += not wrong
-                copied[len(rules)] += 1
-                placed[place, not wrong] += 1
+                by_rules[len(rules), not wrong] += 1
+                by_place[place, not wrong] += 1
                 sources.update(error_source(got, prop, rules, fact) for got in wrong)
-        hits, total = sum(right.values()), sum(copied.values())
-        by_rules = ", ".join(f"{n} rules {right[n]}/{copied[n]}" for n in sorted(copied))
-        rows.append(f"{name}: {hits}/{total} rule copies right ({hits / max(total, 1):.3f}; {by_rules})")
-        places = sorted({place for place, _ in placed})
-        rows.append("  by place in the line: " + "; ".join(
-            f"{p} {placed[p, True]}/{placed[p, True] + placed[p, False]}" for p in places))
+        hits, total = sum(n for (_, ok), n in by_rules.items() if ok), sum(by_rules.values())
+        counts = ", ".join(_fractions(by_rules, sorted({n for n, _ in by_rules}), lambda n: f"{n} rules"))
+        rows.append(f"{name}: {hits}/{total} rule copies right ({hits / max(total, 1):.3f}; {counts})")
+        places = _fractions(by_place, sorted({place for place, _ in by_place}), str)
+        rows.append("  by place in the line: " + "; ".join(places))
         rows.append("  wrong tokens: " + (", ".join(f"{s} {c}" for s, c in sources.most_common()) or "none"))
     return rows
 
