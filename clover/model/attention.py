@@ -77,6 +77,7 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.recorded: list | None = None  # a list: each call appends (query, keys, mask, num_causal)
 
     def forward(self, x, rotary, key_is_real, cache: AttentionLayerCache | None, block_len: int,
                 num_causal: int):
@@ -103,6 +104,8 @@ class GatedAttention(nn.Module):
                 if num_causal:
                     cache.keep(keys, values, past + num_causal)
             mask = prefix_block_mask(key_is_real, t, block_len)
+            if self.recorded is not None:  # the inputs of the attention weights, for copy supervision
+                self.recorded.append((query, keys, mask, num_causal))
             out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=self.scale,
                                                  enable_gqa=self.num_heads != self.num_kv_heads)
         out = out.transpose(1, 2).reshape(b, t, -1)

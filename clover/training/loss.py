@@ -12,13 +12,15 @@ Causal logits at a token predict the next one (L_AR); block logits at a position
 token there (L_diff). Loss only on response targets (EOS padding included).
 """
 
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .cache_handle import with_handles
+from .copy_attention import RecordedAttention, copy_attention_loss, copy_sources
 from .data import Batch
 from .noising import BlockNoise
 
@@ -36,6 +38,7 @@ class LossResult:
     l_diff: torch.Tensor  # scalar, Σ masked CE / t_b over the number of response targets
     num_targets: int  # response tokens with loss (EOS padding included)
     num_masked: int  # of those, masked in the noisy stream
+    l_copy: torch.Tensor | None = None  # scalar, the copy supervision's loss (copy_attention.py), when on
 
 
 def stream_logits(model, batch: Batch, noisy_response: torch.Tensor, block_size: int,
@@ -112,13 +115,25 @@ def ar_loss(logits: torch.Tensor, batch: Batch, normalizer: float | None = None)
 
 class JointLoss(nn.Module):
     """The whole objective as one module, so a DDP wrapper sees one forward per backward.
-    With α = 0 only the clean stream is computed, in one causal forward."""
+    With α = 0 only the clean stream is computed, in one causal forward. With `copy_attention` > 0
+    the copy supervision's loss (copy_attention.py), times that weight, joins the total."""
 
-    def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None):
+    def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None,
+                 copy_attention: float = 0.0):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
+        self.copy_attention = copy_attention
 
     def forward(self, batch: Batch, noise: BlockNoise, normalizer: float | None = None) -> LossResult:
+        recording = RecordedAttention(self.model) if self.copy_attention else nullcontext([])
+        with recording as recorded:
+            result = self._objective(batch, noise, normalizer)
+        if not self.copy_attention:
+            return result
+        l_copy = copy_attention_loss(recorded, copy_sources(batch), batch.prompt_ids.shape[1])
+        return replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
+
+    def _objective(self, batch: Batch, noise: BlockNoise, normalizer: float | None) -> LossResult:
         if self.alpha == 0:
             return ar_loss(causal_logits(self.model, batch), batch, normalizer)
         noisy = noise.apply(batch.response_ids, self.model.config.mask_token_id)

@@ -45,6 +45,7 @@ class TrainConfig:
     max_level_share: float = 1.0  # share of blocks (or steps) that max_level bounds; the rest U(eps, 1)
     max_level_per: str = "block"  # "block": the share drawn block by block; "step": whole steps, spread evenly
     suffix_mask: float = 0.0  # share of blocks masked from a random position to their end (noising.py)
+    copy_attention: float = 0.0  # weight of the copy supervision's loss (copy_attention.py); 0: off
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 0
@@ -77,6 +78,8 @@ class TrainConfig:
             raise ValueError(f"max_level_per={self.max_level_per!r} must be one of {LEVEL_UNITS}")
         if not 0.0 <= self.suffix_mask <= 1.0:
             raise ValueError(f"suffix_mask={self.suffix_mask} must be in [0, 1]")
+        if self.copy_attention < 0:
+            raise ValueError(f"copy_attention={self.copy_attention} must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class StepStats:
     tokens: int  # clean-sequence tokens over all ranks
     targets: int
     seconds: float
+    l_copy: float = 0.0  # the copy supervision's loss (0 when off)
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ class Trainer:
         if update_scales and self.sharded:
             raise ValueError("per-element update scales need whole parameters: use strategy 'ddp', not 'fsdp'")
         self.replicated = shard_fsdp(model, config.dtype) if self.sharded else []
-        loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset)
+        loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset, config.copy_attention)
         self.engine = distribute(loss, model, config.strategy, dist)
         self.optimizer = build_optimizer(model, config.lr, config.weight_decay, config.betas)
         self.scheduler = build_scheduler(self.optimizer, config.warmup_steps, config.steps,
@@ -168,11 +172,12 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        loss, l_ar, l_diff, tokens = all_reduce_sum(
-            [result.total.item(), result.l_ar.item(), result.l_diff.item(), batch.num_tokens], self.dist)
+        l_copy = 0.0 if result.l_copy is None else result.l_copy.item()
+        loss, l_ar, l_diff, l_copy, tokens = all_reduce_sum(
+            [result.total.item(), result.l_ar.item(), result.l_diff.item(), l_copy, batch.num_tokens], self.dist)
         self.tokens_seen += int(tokens)
         return StepStats(self.step, loss / world, l_ar / world, l_diff / world, lr, grad_norm,
-                         int(tokens), int(global_targets), time.perf_counter() - start)
+                         int(tokens), int(global_targets), time.perf_counter() - start, l_copy / world)
 
     # -- the loop -------------------------------------------------------------------------------
 

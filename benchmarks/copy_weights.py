@@ -1,0 +1,62 @@
+"""How much attention a model's copies put on their sources, by task: the measure copy supervision
+trains (`clover.training.copy_attention`).
+
+For fresh training examples of each task (the recipe's options, thinking on), every response token
+with a prompt source (`copy_sources`) is read at the causal query that predicts it: the weight on
+its source at the best head of any full-attention layer (mean, median, share under 0.5), and each
+layer's heads' mean weight.
+
+    python benchmarks/copy_weights.py clover/assets/clover-tiny runs/copy-a/final \
+        --recipe recipes/copy_a_cpu.json --examples 32 --seed 900
+"""
+
+import argparse
+
+import torch
+
+from clover.data.tokenizer import load_tokenizer
+from clover.loading import LoadOptions, load_model
+from clover.training.copy_attention import RecordedAttention, copy_sources, source_log_weights
+from clover.training.data import collate
+from clover.training.loss import causal_logits
+from clover.training.recipe import load_recipe
+from clover.training.sources import build_tasks, task_train_examples, tokenizer_roles
+
+
+def source_weights(model, batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(best head's weight on the source [M], each layer's [M, H]) over the M sourced tokens."""
+    sources = copy_sources(batch)
+    with torch.no_grad(), RecordedAttention(model) as recorded:
+        causal_logits(model, batch)
+    p = batch.prompt_ids.shape[1]
+    layers = [source_log_weights(calls, sources, p).exp().transpose(1, 2)[sources >= 0] for calls in recorded]
+    return torch.cat(layers, dim=1).max(dim=1).values, layers
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="+", help="checkpoint directories")
+    parser.add_argument("--recipe", required=True, help="the recipe whose tasks and options to draw")
+    parser.add_argument("--examples", type=int, default=32, help="examples per task")
+    parser.add_argument("--seed", type=int, default=900, help="data seed (one no run used)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    data = load_recipe(args.recipe).data
+    print("| model | task | sourced tokens | best head on source: mean / median / share < 0.5 | heads' mean, per layer |")
+    print("|---|---|---:|---|---|")
+    for path in args.models:
+        model = load_model(path, LoadOptions(device="cpu", dtype="fp32")).eval()
+        tokenizer = load_tokenizer(path)
+        roles = tokenizer_roles(tokenizer, mask_id=model.config.mask_token_id)
+        for task in build_tasks(data.tasks, data.task_options):
+            _, _, pairs = task_train_examples(tokenizer, [task], args.examples, args.seed, True, 1.0)
+            batch = collate(pairs, model.config.block_size, roles.eos_id, roles.pad_id, roles.eos_ids)
+            best, layers = source_weights(model, batch)
+            heads = " / ".join(" ".join(f"{w:.2f}" for w in layer.mean(0)) for layer in layers)
+            print(f"| {path} | {task.name} | {best.numel()} | {best.mean():.3f} / {best.median():.3f} / "
+                  f"{(best < 0.5).float().mean():.2f} | {heads} |")
+
+
+if __name__ == "__main__":
+    main()

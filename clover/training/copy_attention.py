@@ -1,0 +1,108 @@
+"""Copy supervision: an attention head is shown where the token it should copy sits in the prompt.
+
+Most of a task's reasoning copies the prompt: joint's fact lines and rules, airspace's notices.
+Copying one span token after token is a pointer walk: the query that predicts the next token
+attends to the prompt position holding it (an induction head). The wrong answers of the embedded
+model are walks that leave their span (`Ola is insured and registered.` for `... and certified.`,
+a line cut short or run on: BENCHMARKS.md, "Copy supervision").
+
+For each response token, its source is the prompt position whose left context matches the
+token's own longest, when exactly one does and the match is at least `min_context` tokens: in
+`Kim is rested. Anyone who is licensed and rested is cleared.`, `rested` after `licensed and ` is
+the rule's own `rested` (the fact line's `rested` follows `is `). A token whose best match is
+shared (a rule's first condition, after `Anyone who is `, matches every rule alike) or too short
+has no source and no loss; so the supervision covers the walk along a span, not the lookup that
+starts it.
+
+The full-attention layers record their queries and keys in the training forwards (no extra
+forward): for each sourced token, the loss is -log of the attention weight on its source from
+the causal query that predicts it (the column before it), at the head that gives it most, over
+every head of every full-attention layer; the mean over sourced tokens. Any head may take the job
+and the others are left alone.
+"""
+
+import torch
+
+from clover.model.attention import GatedAttention
+
+from .data import Batch
+
+MAX_CONTEXT = 16  # tokens of left context compared
+
+
+def copy_sources(batch: Batch, min_context: int = 2, max_context: int = MAX_CONTEXT) -> torch.Tensor:
+    """[N, R] long: the prompt column each targeted response token copies, or -1 (see module doc)."""
+    prompt, real = batch.prompt_ids, batch.prompt_mask.bool()
+    response = batch.response_ids
+    p, r = prompt.shape[1], response.shape[1]
+    seq = torch.cat((prompt, response), dim=1)  # [N, P + R]
+    seq_real = torch.cat((real, torch.ones_like(response, dtype=torch.bool)), dim=1)
+    same = (response[:, :, None] == prompt[:, None, :]) & real[:, None, :]  # [N, R, P]
+    matching, context = same.clone(), torch.zeros(same.shape, dtype=torch.long, device=same.device)
+    columns = torch.arange(r, device=same.device) + p
+    for back in range(1, max_context + 1):
+        left = seq[:, columns - back]  # [N, R]: the response tokens' neighbours `back` to the left
+        left_real = seq_real[:, columns - back]
+        source = torch.arange(p, device=same.device) - back  # the prompt candidates' neighbours
+        inside = source >= 0
+        source = source.clamp(min=0)
+        source_real = real[:, source] & inside  # [N, P]
+        matching &= (left[:, :, None] == prompt[:, None, source]) & left_real[:, :, None] & source_real[:, None, :]
+        context += matching
+    best, column = context.masked_fill(~same, -1).max(dim=-1)  # [N, R]
+    ties = ((context == best[..., None]) & same).sum(dim=-1)
+    sourced = (best >= min_context) & (ties == 1) & batch.target_mask
+    return torch.where(sourced, column, torch.full_like(column, -1))
+
+
+class RecordedAttention:
+    """Within `with`, every full-attention layer of `model` records (query, keys, mask, num_causal)
+    of each call, in call order: one list per layer."""
+
+    def __init__(self, model):
+        self.layers = [m for m in model.modules() if isinstance(m, GatedAttention)]
+
+    def __enter__(self) -> list[list]:
+        for layer in self.layers:
+            layer.recorded = []
+        return [layer.recorded for layer in self.layers]
+
+    def __exit__(self, *exc):
+        for layer in self.layers:
+            layer.recorded = None
+
+
+def source_log_weights(calls: list, sources: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """[N, H, R]: one layer's log attention weight, at each head, from the causal query that
+    predicts response token j (column P + j - 1) on the token's source column (clamped where it has
+    none). `calls` are the layer's recorded calls over [prompt, response] in order: one causal
+    forward, or the training loop's fused ones (loss.py), whose causal rows are the tokens they
+    append to the cache, the first `num_causal`, at the columns after the cache's."""
+    r = sources.shape[1]
+    out = []
+    for query, keys, mask, num_causal in calls:
+        first = keys.shape[2] - query.shape[2]  # column of the call's first token
+        # the call's causal rows predict tokens j = column - P + 1; keep those in [0, R)
+        lo, hi = max(0, first - prompt_len + 1), min(r, first + num_causal - prompt_len + 1)
+        if lo >= hi:
+            continue
+        rows = slice(lo + prompt_len - 1 - first, hi + prompt_len - 1 - first)
+        groups = query.shape[1] // keys.shape[1]
+        scores = query[:, :, rows].float() @ keys.repeat_interleave(groups, dim=1).float().transpose(-1, -2)
+        scores = (scores * query.shape[-1] ** -0.5).masked_fill(~mask[:, :, rows], float("-inf"))
+        index = sources[:, lo:hi].clamp(min=0)[:, None, :, None].expand(-1, scores.shape[1], -1, 1)
+        out.append(scores.log_softmax(dim=-1).gather(-1, index).squeeze(-1))  # [N, H, hi - lo]
+    weights = torch.cat(out, dim=-1)
+    if weights.shape[-1] != r:
+        raise ValueError(f"the recorded calls predict {weights.shape[-1]} response tokens, expected {r}")
+    return weights
+
+
+def copy_attention_loss(recorded: list[list], sources: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """Mean over sourced tokens of -max over the heads of every recorded layer of the log weight
+    on the token's source (module doc); 0 when no token has a source."""
+    sourced = sources >= 0
+    if not sourced.any():
+        return recorded[0][0][0].new_zeros((), dtype=torch.float)
+    heads = torch.cat([source_log_weights(calls, sources, prompt_len) for calls in recorded], dim=1)
+    return -heads.max(dim=1).values[sourced].mean()

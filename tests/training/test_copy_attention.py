@@ -1,0 +1,127 @@
+"""Copy supervision (clover/training/copy_attention.py): which prompt token a response token copies,
+and the attention weight on it, read off the training forwards."""
+
+import pytest
+import torch
+
+from clover.training.copy_attention import RecordedAttention, copy_attention_loss, copy_sources, source_log_weights
+from clover.training.data import Pair, collate
+from clover.training.loss import JointLoss, causal_logits, stream_logits
+from clover.training.noising import noise_generator, sample_block_noise
+from clover.training.trainer import TrainConfig
+from tiny import tiny_model
+
+EOS, PAD = 1, 0
+
+
+def _batch(pairs, block_size=4):
+    return collate(pairs, block_size=block_size, eos_id=EOS, pad_id=PAD, eos_ids=(EOS,))
+
+
+def test_a_copied_span_points_at_its_source_after_enough_context():
+    # prompt: 10 20 30 40 | 50 20 30 41 ; the response copies "20 30 40" after "10"
+    batch = _batch([Pair((10, 20, 30, 40, 50, 20, 30, 41), (10, 20, 30, 40, 60, EOS))])
+    sources = copy_sources(batch, min_context=2)[0].tolist()
+    # 10: no left context in common (the prompt's 10 starts it); 20 after "10": 1 token of context,
+    # under min_context; 30 after "10 20": column 2; 40 after "20 30": its own column 3 (41 differs);
+    # 60 is not in the prompt; EOS is not either
+    assert sources[:6] == [-1, -1, 2, 3, -1, -1]
+    assert copy_sources(batch, min_context=1)[0, 1].item() == 1
+
+
+def test_a_source_shared_by_two_equal_contexts_is_left_out():
+    # "7 8 9" twice in the prompt: the copy of 9 after "7 8" matches both alike
+    batch = _batch([Pair((7, 8, 9, 5, 7, 8, 9), (7, 8, 9, EOS))])
+    assert copy_sources(batch, min_context=2)[0, 2].item() == -1
+
+
+def test_left_padding_is_never_a_source_and_untargeted_columns_have_none():
+    short = Pair((3, 4, 5), (3, 4, 5, EOS))
+    long = Pair((9, 9, 9, 9, 9, 3, 4, 5), (3, 4, 5, 6, 7, 8, 2, EOS))  # pads the short row's prompt by 5
+    batch = _batch([short, long])
+    sources = copy_sources(batch, min_context=1)
+    assert sources[0, 2].item() == 7  # the short row's "5" after "3 4", at its own column (after 5 pads)
+    assert (sources[0][~batch.target_mask[0]] == -1).all()
+    assert (sources[sources >= 0] >= 0).all() and not ((sources >= 0) & ~batch.target_mask).any()
+    pad_columns = (batch.prompt_mask == 0).nonzero()[:, 1]
+    assert not torch.isin(sources[0], pad_columns).any()
+
+
+def _copy_batch():
+    pairs = [Pair((5, 6, 7, 8, 9, 10, 11), (6, 7, 8, 9, 10, 12, EOS)),
+             Pair((20, 21, 22, 23), (21, 22, 23, 24, 21, 22, EOS))]
+    return _batch(pairs)
+
+
+def test_the_fused_training_forwards_record_the_weights_one_causal_forward_gives():
+    model = tiny_model()
+    batch = _copy_batch()
+    sources = copy_sources(batch, min_context=1)
+    assert (sources >= 0).sum() >= 6
+    p = batch.prompt_ids.shape[1]
+    noisy = batch.response_ids.clone()
+    noisy[:, ::2] = model.config.mask_token_id
+    with torch.no_grad():
+        with RecordedAttention(model) as one:
+            causal_logits(model, batch)
+        with RecordedAttention(model) as fused:
+            stream_logits(model, batch, noisy, block_size=4)
+    assert len(one[0]) == 1 and len(fused[0]) == batch.response_ids.shape[1] // 4 + 1
+    for a, b in zip(one, fused):
+        wa, wb = source_log_weights(a, sources, p), source_log_weights(b, sources, p)
+        sourced = (sources >= 0)[:, None, :].expand_as(wa)
+        assert torch.allclose(wa[sourced], wb[sourced], atol=1e-5), (wa[sourced] - wb[sourced]).abs().max()
+        assert (wa[sourced] <= 0).all()
+    assert all(layer.recorded is None for layer in RecordedAttention(model).layers)
+
+
+def test_the_loss_is_the_best_head_s_weight_on_the_source_from_the_query_before_the_token():
+    model = tiny_model()
+    batch = _copy_batch()
+    sources = copy_sources(batch, min_context=1)
+    ids = torch.cat((batch.prompt_ids, batch.response_ids), dim=1)
+    mask = torch.cat((batch.prompt_mask, torch.ones_like(batch.response_ids)), dim=1)
+    with torch.no_grad(), RecordedAttention(model) as recorded:
+        model(ids, attention_mask=mask)
+        loss = copy_attention_loss(recorded, sources, batch.prompt_ids.shape[1])
+    # the twin: softmax over each query row's visible keys, written out
+    p, best = batch.prompt_ids.shape[1], []
+    for n, j in (sources >= 0).nonzero().tolist():
+        weights = []
+        for calls in recorded:
+            query, keys, visible, _ = calls[0]
+            keys = keys.repeat_interleave(query.shape[1] // keys.shape[1], dim=1)
+            for h in range(query.shape[1]):
+                row = (keys[n, h] @ query[n, h, p + j - 1]) / query.shape[-1] ** 0.5
+                row = row.masked_fill(~visible[n, 0, p + j - 1], float("-inf"))
+                weights.append(row.softmax(-1)[sources[n, j]])
+        best.append(max(weights))
+    assert torch.allclose(loss, -torch.stack(best).log().mean(), atol=1e-5)
+
+
+def test_training_on_the_copy_loss_moves_the_weight_onto_the_sources():
+    model = tiny_model(scale=0.1).train()
+    batch = _copy_batch()
+    noise = sample_block_noise(batch.target_mask, 4, 0.1, noise_generator(0, 0))
+    objective = JointLoss(model, 4, alpha=1.0, copy_attention=1.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        result = objective(batch, noise)
+        optimizer.zero_grad()
+        result.total.backward()
+        optimizer.step()
+        losses.append(result.l_copy.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_copy_attention_off_leaves_the_objective_as_it_was():
+    model = tiny_model()
+    batch = _copy_batch()
+    noise = sample_block_noise(batch.target_mask, 4, 0.1, noise_generator(0, 0))
+    plain = JointLoss(model, 4, alpha=1.0)(batch, noise)
+    supervised = JointLoss(model, 4, alpha=1.0, copy_attention=0.5)(batch, noise)
+    assert plain.l_copy is None and supervised.l_copy.item() > 0
+    assert torch.allclose(supervised.total, plain.total + 0.5 * supervised.l_copy)
+    with pytest.raises(ValueError, match="copy_attention=-0.1 must be >= 0"):
+        TrainConfig(steps=1, batch_size=1, block_size=4, copy_attention=-0.1)
