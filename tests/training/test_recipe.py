@@ -424,3 +424,13 @@ def test_the_scan_runs_are_the_third_round_continuation_with_joint_derived_by_sc
     for run, lr, seed in ((a, 3e-4, 133), (b, 5e-4, 134)):
         assert run.train == dataclasses.replace(control.train, lr=lr, seed=seed)
         assert run.data == dataclasses.replace(control.data, task_options=options, seed=seed)
+
+
+def test_the_copy_runs_are_the_third_round_s_run_a_with_copy_supervision():
+    """`curriculum_soup3_a_cpu` to the step and the example (its data and seeds), plus the copy
+    supervision's loss at weight 0.1 or 0.03: a paired comparison with that run."""
+    control = load_recipe(ROOT / "recipes" / "curriculum_soup3_a_cpu.json")
+    for name, weight in (("copy_a_cpu", 0.1), ("copy_b_cpu", 0.03)):
+        run = load_recipe(ROOT / "recipes" / f"{name}.json")
+        assert run.model == control.model and run.tokenizer == control.tokenizer and run.data == control.data
+        assert run.train == dataclasses.replace(control.train, copy_attention=weight)
