@@ -6,21 +6,27 @@ with a prompt source (`copy_sources`) is read at the causal query that predicts 
 its source at the best head of any full-attention layer (mean, median, share under 0.5), and each
 layer's heads' mean weight.
 
-    python benchmarks/copy_weights.py clover/assets/clover-tiny runs/copy-a/final \
+    python benchmarks/copy_weights.py clover/assets/clover-tiny runs/copy-a/checkpoints/step-0001000 \
         --recipe recipes/copy_a_cpu.json --examples 32 --seed 900
+
+A trainer checkpoint (`OUT/checkpoints/step-N`) is read in the embedded model's architecture.
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from clover.data.tokenizer import load_tokenizer
-from clover.loading import LoadOptions, load_model
+from clover.loading import load_trainer_weights
 from clover.training.copy_attention import RecordedAttention, copy_sources, source_log_weights
 from clover.training.data import collate
 from clover.training.loss import causal_logits
 from clover.training.recipe import load_recipe
 from clover.training.sources import build_tasks, task_train_examples, tokenizer_roles
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import embedded_fp32  # noqa: E402
 
 
 def source_weights(model, batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -35,7 +41,7 @@ def source_weights(model, batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="+", help="checkpoint directories")
+    parser.add_argument("models", nargs="+", help="checkpoint directories or trainer checkpoints")
     parser.add_argument("--recipe", required=True, help="the recipe whose tasks and options to draw")
     parser.add_argument("--examples", type=int, default=32, help="examples per task")
     parser.add_argument("--seed", type=int, default=900, help="data seed (one no run used)")
@@ -46,8 +52,11 @@ def main(argv=None):
     print("| model | task | sourced tokens | best head on source: mean / median / share < 0.5 | heads' mean, per layer |")
     print("|---|---|---:|---|---|")
     for path in args.models:
-        model = load_model(path, LoadOptions(device="cpu", dtype="fp32")).eval()
-        tokenizer = load_tokenizer(path)
+        trainer_checkpoint = (Path(path) / "trainer.json").exists()
+        _, model, tokenizer = embedded_fp32(None if trainer_checkpoint else path)
+        if trainer_checkpoint:
+            load_trainer_weights(model, path)
+        model.eval()
         roles = tokenizer_roles(tokenizer, mask_id=model.config.mask_token_id)
         for task in build_tasks(data.tasks, data.task_options):
             _, _, pairs = task_train_examples(tokenizer, [task], args.examples, args.seed, True, 1.0)
