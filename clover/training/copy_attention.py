@@ -17,9 +17,14 @@ starts it.
 The full-attention layers record their queries and keys in the training forwards (no extra
 forward): for each sourced token, the loss is -log of the attention weight on its source from
 the causal query that predicts it (the column before it), at the head that gives it most, over
-every head of every full-attention layer; the mean over sourced tokens. Any head may take the job
-and the others are left alone.
+every head of every full-attention layer (or of the heads named, `train.copy_heads`); the mean over
+sourced tokens. Any head may take the job and the others are left alone; named heads confine it to
+heads that copy already (in the embedded model, head 5 of the first full-attention layer and head 2
+of the second put 0.3-0.5 of their weight on the sources of copy, airspace and record, but not of
+joint: `benchmarks/copy_weights.py`).
 """
+
+from collections.abc import Sequence
 
 import torch
 
@@ -98,11 +103,20 @@ def source_log_weights(calls: list, sources: torch.Tensor, prompt_len: int) -> t
     return weights
 
 
-def copy_attention_loss(recorded: list[list], sources: torch.Tensor, prompt_len: int) -> torch.Tensor:
-    """Mean over sourced tokens of -max over the heads of every recorded layer of the log weight
-    on the token's source (module doc); 0 when no token has a source."""
+def copy_attention_loss(recorded: list[list], sources: torch.Tensor, prompt_len: int,
+                        heads: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
+    """Mean over sourced tokens of -max over `heads` ((full-attention layer, head) pairs; empty:
+    every head of every recorded layer) of the log weight on the token's source (module doc); 0
+    when no token has a source."""
     sourced = sources >= 0
     if not sourced.any():
         return recorded[0][0][0].new_zeros((), dtype=torch.float)
-    heads = torch.cat([source_log_weights(calls, sources, prompt_len) for calls in recorded], dim=1)
-    return -heads.max(dim=1).values[sourced].mean()
+    num_heads = recorded[0][0][0].shape[1]
+    pairs = list(heads) or [(layer, head) for layer in range(len(recorded)) for head in range(num_heads)]
+    for layer, head in pairs:
+        if not (0 <= layer < len(recorded) and 0 <= head < num_heads):
+            raise ValueError(f"copy head {(layer, head)} is not one of the model's {len(recorded)} "
+                             f"full-attention layers x {num_heads} heads")
+    weights = {layer: source_log_weights(recorded[layer], sources, prompt_len) for layer, _ in pairs}
+    chosen = torch.stack([weights[layer][:, head] for layer, head in pairs], dim=1)  # [N, heads, R]
+    return -chosen.max(dim=1).values[sourced].mean()

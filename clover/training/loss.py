@@ -116,13 +116,14 @@ def ar_loss(logits: torch.Tensor, batch: Batch, normalizer: float | None = None)
 class JointLoss(nn.Module):
     """The whole objective as one module, so a DDP wrapper sees one forward per backward.
     With α = 0 only the clean stream is computed, in one causal forward. With `copy_attention` > 0
-    the copy supervision's loss (copy_attention.py), times that weight, joins the total."""
+    the copy supervision's loss (copy_attention.py) over `copy_heads` (all when empty), times that
+    weight, joins the total."""
 
     def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None,
-                 copy_attention: float = 0.0):
+                 copy_attention: float = 0.0, copy_heads: tuple[tuple[int, int], ...] = ()):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
-        self.copy_attention = copy_attention
+        self.copy_attention, self.copy_heads = copy_attention, copy_heads
 
     def forward(self, batch: Batch, noise: BlockNoise, normalizer: float | None = None) -> LossResult:
         recording = RecordedAttention(self.model) if self.copy_attention else nullcontext([])
@@ -130,7 +131,7 @@ class JointLoss(nn.Module):
             result = self._objective(batch, noise, normalizer)
         if not self.copy_attention:
             return result
-        l_copy = copy_attention_loss(recorded, copy_sources(batch), batch.prompt_ids.shape[1])
+        l_copy = copy_attention_loss(recorded, copy_sources(batch), batch.prompt_ids.shape[1], self.copy_heads)
         return replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
 
     def _objective(self, batch: Batch, noise: BlockNoise, normalizer: float | None) -> LossResult:

@@ -46,6 +46,7 @@ class TrainConfig:
     max_level_per: str = "block"  # "block": the share drawn block by block; "step": whole steps, spread evenly
     suffix_mask: float = 0.0  # share of blocks masked from a random position to their end (noising.py)
     copy_attention: float = 0.0  # weight of the copy supervision's loss (copy_attention.py); 0: off
+    copy_heads: tuple[tuple[int, int], ...] = ()  # (full-attention layer, head) it trains; empty: any
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 0
@@ -128,7 +129,8 @@ class Trainer:
         if update_scales and self.sharded:
             raise ValueError("per-element update scales need whole parameters: use strategy 'ddp', not 'fsdp'")
         self.replicated = shard_fsdp(model, config.dtype) if self.sharded else []
-        loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset, config.copy_attention)
+        loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset, config.copy_attention,
+                         config.copy_heads)
         self.engine = distribute(loss, model, config.strategy, dist)
         self.optimizer = build_optimizer(model, config.lr, config.weight_decay, config.betas)
         self.scheduler = build_scheduler(self.optimizer, config.warmup_steps, config.steps,

@@ -125,3 +125,23 @@ def test_copy_attention_off_leaves_the_objective_as_it_was():
     assert torch.allclose(supervised.total, plain.total + 0.5 * supervised.l_copy)
     with pytest.raises(ValueError, match="copy_attention=-0.1 must be >= 0"):
         TrainConfig(steps=1, batch_size=1, block_size=4, copy_attention=-0.1)
+
+
+def test_named_heads_confine_the_loss_to_them():
+    model = tiny_model()
+    batch = _copy_batch()
+    sources = copy_sources(batch, min_context=1)
+    p = batch.prompt_ids.shape[1]
+    with torch.no_grad(), RecordedAttention(model) as recorded:
+        causal_logits(model, batch)
+        last = len(recorded) - 1  # the tiny config's last full-attention layer
+        one = copy_attention_loss(recorded, sources, p, heads=[(last, 3)])
+        every = copy_attention_loss(recorded, sources, p)
+        named_all = copy_attention_loss(recorded, sources, p, heads=[(layer, h) for layer in range(last + 1)
+                                                                      for h in range(4)])
+        with pytest.raises(ValueError, match=rf"copy head \({last + 1}, 0\) is not one of the model's "
+                                             rf"{last + 1} full-attention layers x 4 heads"):
+            copy_attention_loss(recorded, sources, p, heads=[(last + 1, 0)])
+    weights = source_log_weights(recorded[last], sources, p)[:, 3]
+    assert torch.allclose(one, -weights[sources >= 0].mean())
+    assert torch.allclose(named_all, every) and every <= one
