@@ -2,17 +2,18 @@
 
 Most of a task's reasoning copies the prompt: joint's fact lines and rules, airspace's notices.
 Copying one span token after token is a pointer walk: the query that predicts the next token
-attends to the prompt position holding it (an induction head). The wrong answers of the embedded
+attends to the prompt position holding it (an induction head). Many wrong answers of the embedded
 model are walks that leave their span (`Ola is insured and registered.` for `... and certified.`,
-a line cut short or run on: BENCHMARKS.md, "Copy supervision").
+a line cut short or run on), and in joint no head of it attends to the sources (BENCHMARKS.md,
+"Copy supervision").
 
-For each response token, its source is the prompt position whose left context matches the
-token's own longest, when exactly one does and the match is at least `min_context` tokens: in
-`Kim is rested. Anyone who is licensed and rested is cleared.`, `rested` after `licensed and ` is
-the rule's own `rested` (the fact line's `rested` follows `is `). A token whose best match is
-shared (a rule's first condition, after `Anyone who is `, matches every rule alike) or too short
-has no source and no loss; so the supervision covers the walk along a span, not the lookup that
-starts it.
+For each response token, its source is the prompt position holding the same token whose left
+context matches the token's own longest, when exactly one does and the match is at least
+`min_context` tokens: in `Kim is rested. Anyone who is licensed and rested is cleared.`, `rested`
+after `licensed and ` is the rule's own `rested` (the fact line's follows `is `). Since the token
+itself is matched, a rule's first condition has a source whenever no other rule starts with the
+same word (about two first conditions in three, in joint); a token whose best match is shared or
+too short, or that is not in the prompt, has none and no loss.
 
 The full-attention layers record their queries and keys in the training forwards (no extra
 forward): for each sourced token, the loss is -log of the attention weight on its source from
