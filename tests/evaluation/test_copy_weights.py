@@ -1,0 +1,37 @@
+"""`benchmarks/copy_weights.py`: the weight each copied token's source gets, at the best head and
+at each head, on the embedded model."""
+
+from pathlib import Path
+
+import torch
+from benchmark_script import load_benchmark
+
+from clover import default_model_dir
+from clover.training.data import collate
+from clover.training.recipe import load_recipe
+from clover.training.sources import build_tasks, task_train_examples, tokenizer_roles
+
+probe = load_benchmark("copy_weights")
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "copy_a_cpu.json"
+
+
+def test_the_best_head_s_weight_bounds_every_head_s():
+    _, model, tokenizer = probe.embedded_fp32(None)
+    data = load_recipe(RECIPE).data
+    joint = [t for t in build_tasks(data.tasks, data.task_options) if t.name == "joint"]
+    _, _, pairs = task_train_examples(tokenizer, joint, 3, 901, True, 1.0)
+    roles = tokenizer_roles(tokenizer, mask_id=model.config.mask_token_id)
+    batch = collate(pairs, model.config.block_size, roles.eos_id, roles.pad_id, roles.eos_ids)
+    best, layers = probe.source_weights(model.eval(), batch)
+    assert best.numel() > 20 and all(layer.shape == (best.numel(), model.config.num_attention_heads)
+                                     for layer in layers)
+    every = torch.cat(layers, dim=1)
+    assert ((every >= 0) & (every <= 1)).all()
+    assert torch.equal(best, every.max(dim=1).values)
+
+
+def test_a_run_prints_one_row_per_task(capsys):
+    probe.main([str(default_model_dir()), "--recipe", str(RECIPE), "--examples", "2"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {default_model_dir()}")]
+    assert [row.split("|")[2].strip() for row in rows] == ["copy", "airspace", "joint", "record"]
+    assert all(int(row.split("|")[3]) > 0 for row in rows)
