@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from clover.loading import load_trainer_weights
+from clover.training.checkpointing import STATE_FILE
 from clover.training.copy_attention import RecordedAttention, copy_sources, source_log_weights
 from clover.training.data import collate
 from clover.training.loss import causal_logits
@@ -52,7 +53,7 @@ def main(argv=None):
     print("| model | task | sourced tokens | best head on source: mean / median / share < 0.5 | heads' mean, per layer |")
     print("|---|---|---:|---|---|")
     for path in args.models:
-        trainer_checkpoint = (Path(path) / "trainer.json").exists()
+        trainer_checkpoint = (Path(path) / STATE_FILE).exists()
         _, model, tokenizer = embedded_fp32(None if trainer_checkpoint else path)
         if trainer_checkpoint:
             load_trainer_weights(model, path)

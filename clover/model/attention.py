@@ -54,13 +54,16 @@ def prefix_block_mask(key_is_real: torch.Tensor, num_new: int, block_len: int) -
     return visible[:, None]
 
 
+def attention_scores(q, k, mask, scale):
+    """fp32 scores [B, H, T, S] of q [B,H,T,D] against k [B,Hkv,S,D] (GQA), -inf where `mask` hides."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+    return ((q.float() @ k.float().transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))
+
+
 def naive_attention(q, k, v, mask, scale):
     """Reference twin of `F.scaled_dot_product_attention` with GQA: q [B,H,T,D], k/v [B,Hkv,S,D]."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(-1) @ v.float()).to(q.dtype)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    return (attention_scores(q, k, mask, scale).softmax(-1) @ v.float()).to(q.dtype)
 
 
 class GatedAttention(nn.Module):

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from clover.model.attention import GatedAttention
+from clover.model.attention import GatedAttention, attention_scores
 
 from .data import Batch
 
@@ -93,9 +93,7 @@ def source_log_weights(calls: list, sources: torch.Tensor, prompt_len: int) -> t
         if lo >= hi:
             continue
         rows = slice(lo + prompt_len - 1 - first, hi + prompt_len - 1 - first)
-        groups = query.shape[1] // keys.shape[1]
-        scores = query[:, :, rows].float() @ keys.repeat_interleave(groups, dim=1).float().transpose(-1, -2)
-        scores = (scores * query.shape[-1] ** -0.5).masked_fill(~mask[:, :, rows], float("-inf"))
+        scores = attention_scores(query[:, :, rows], keys, mask[:, :, rows], query.shape[-1] ** -0.5)
         index = sources[:, lo:hi].clamp(min=0)[:, None, :, None].expand(-1, scores.shape[1], -1, 1)
         out.append(scores.log_softmax(dim=-1).gather(-1, index).squeeze(-1))  # [N, H, hi - lo]
     weights = torch.cat(out, dim=-1)

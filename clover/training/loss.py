@@ -12,7 +12,6 @@ Causal logits at a token predict the next one (L_AR); block logits at a position
 token there (L_diff). Loss only on response targets (EOS padding included).
 """
 
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -124,13 +123,13 @@ class JointLoss(nn.Module):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
         self.copy_attention, self.copy_heads = copy_attention, copy_heads
+        self.recording = RecordedAttention(model) if copy_attention else None  # reused every step
 
     def forward(self, batch: Batch, noise: BlockNoise, normalizer: float | None = None) -> LossResult:
-        recording = RecordedAttention(self.model) if self.copy_attention else nullcontext([])
-        with recording as recorded:
-            result = self._objective(batch, noise, normalizer)
         if not self.copy_attention:
-            return result
+            return self._objective(batch, noise, normalizer)
+        with self.recording as recorded:
+            result = self._objective(batch, noise, normalizer)
         l_copy = copy_attention_loss(recorded, copy_sources(batch), batch.prompt_ids.shape[1], self.copy_heads)
         return replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
 
