@@ -436,3 +436,13 @@ def test_the_copy_runs_are_the_third_round_s_run_a_with_copy_supervision():
         run = load_recipe(ROOT / "recipes" / f"{name}.json")
         assert run.model == control.model and run.tokenizer == control.tokenizer and run.data == control.data
         assert run.train == dataclasses.replace(control.train, **changes)
+
+
+def test_the_decay_runs_are_the_third_round_s_run_a_at_a_stronger_weight_decay():
+    """`curriculum_soup3_a_cpu` step for step (same init, data, seeds and schedule), with AdamW's
+    weight decay at 0.3 or 1.0 in place of 0.01."""
+    control = load_recipe(ROOT / "recipes" / "curriculum_soup3_a_cpu.json")
+    for name, decay in (("decay_a_cpu", 0.3), ("decay_b_cpu", 1.0)):
+        run = load_recipe(ROOT / "recipes" / f"{name}.json")
+        assert run.model == control.model and run.tokenizer == control.tokenizer and run.data == control.data
+        assert run.train == dataclasses.replace(control.train, weight_decay=decay)

@@ -1,0 +1,66 @@
+"""The weight norms that weight decay acts on, by part of the model, for checkpoints of one architecture.
+
+AdamW decays every matrix (`clover.training.optim.build_optimizer`: parameters of two or more
+dimensions); this prints the Frobenius norm of those matrices in each part (embedding, full
+attention, Gated DeltaNet, routed experts, router and shared expert) and in all, and each figure as a
+ratio to the first model's, so that runs at different decays can be compared with their start.
+
+    python benchmarks/weight_norms.py clover/assets/clover-tiny runs/decay-a/final runs/decay-b/final
+
+A trainer checkpoint (`OUT/checkpoints/step-N`) is read in the embedded model's architecture.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from clover.loading import load_trainer_weights
+from clover.training.checkpointing import STATE_FILE
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import embedded_fp32  # noqa: E402
+
+PARTS = (("embedding", "embed_tokens"), ("attention", "self_attn"), ("deltanet", "linear_attn"),
+         ("experts", "mlp.experts"), ("router+shared", "mlp."))  # first match names a parameter's part
+
+
+def part_of(name: str) -> str:
+    return next((part for part, key in PARTS if key in name), "other")
+
+
+def matrix_norms(model: torch.nn.Module) -> dict[str, float]:
+    """Frobenius norm of the decayed parameters in each part, and over all of them (``"all"``)."""
+    squares: dict[str, float] = {}
+    for name, p in model.named_parameters():
+        if p.ndim >= 2:
+            squares[part_of(name)] = squares.get(part_of(name), 0.0) + p.detach().double().pow(2).sum().item()
+    squares["all"] = sum(squares.values())
+    return {part: s ** 0.5 for part, s in squares.items()}
+
+
+def load(path: str) -> torch.nn.Module:
+    trainer_checkpoint = (Path(path) / STATE_FILE).exists()
+    _, model, _ = embedded_fp32(None if trainer_checkpoint else path)
+    if trainer_checkpoint:
+        load_trainer_weights(model, path)
+    return model
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="+", help="checkpoint directories or trainer checkpoints; the first is the base")
+    args = parser.parse_args(argv)
+    rows = [(path, matrix_norms(load(path))) for path in args.models]
+    parts = list(rows[0][1])
+    print("| model | " + " | ".join(parts) + " |")
+    print("|---|" + "---:|" * len(parts))
+    base = rows[0][1]
+    for path, norms in rows:
+        cells = [f"{norms[p]:.1f}" + ("" if norms is base else f" ({norms[p] / base[p]:.2f})") for p in parts]
+        print(f"| {path} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""`benchmarks/weight_norms.py`: the norms of the matrices weight decay acts on, by part."""
+
+import torch
+from benchmark_script import load_benchmark
+
+from clover import default_model_dir
+
+probe = load_benchmark("weight_norms")
+
+
+def test_the_parts_split_every_decayed_matrix_and_add_up_to_the_whole():
+    _, model, _ = probe.embedded_fp32(None)
+    norms = probe.matrix_norms(model)
+    matrices = [(n, p) for n, p in model.named_parameters() if p.ndim >= 2]
+    assert "other" not in norms and {probe.part_of(n) for n, _ in matrices} == set(norms) - {"all"}
+    whole = torch.cat([p.detach().double().flatten() for _, p in matrices]).norm().item()
+    assert abs(norms["all"] - whole) < 1e-6 * whole
+    assert abs(sum(v * v for k, v in norms.items() if k != "all") - whole ** 2) < 1e-6 * whole ** 2
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(2.0)
+    doubled = probe.matrix_norms(model)
+    assert abs(doubled["embedding"] - 2 * norms["embedding"]) < 1e-6 * norms["embedding"]
+    assert doubled["attention"] == norms["attention"]
+
+
+def test_a_run_prints_the_base_and_each_model_s_ratio_to_it(capsys):
+    probe.main([str(default_model_dir()), str(default_model_dir())])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {default_model_dir()}")]
+    assert len(rows) == 2 and "(" not in rows[0] and rows[1].count("(1.00)") == 6
