@@ -183,6 +183,19 @@ def load_probe_model(args):
     return path, model, tokenizer
 
 
+def model_or_trainer_checkpoint(path: str):
+    """(model, tokenizer) in fp32 on CPU from a checkpoint directory, or from a trainer checkpoint
+    (`OUT/checkpoints/step-N`, found by its state file) read in the embedded model's architecture."""
+    from clover.loading import load_trainer_weights
+    from clover.training.checkpointing import STATE_FILE
+
+    trainer_checkpoint = (Path(path) / STATE_FILE).exists()
+    _, model, tokenizer = embedded_fp32(None if trainer_checkpoint else path)
+    if trainer_checkpoint:
+        load_trainer_weights(model, path)
+    return model, tokenizer
+
+
 def embedded_fp32(model_dir=None):
     """(path, model, tokenizer): the checkpoint at `model_dir`, else the embedded model, in fp32 on CPU."""
     import clover

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import torch
 
-from clover.loading import load_trainer_weights
-from clover.training.checkpointing import STATE_FILE
 from clover.training.copy_attention import RecordedAttention, copy_sources, source_log_weights
 from clover.training.data import collate
 from clover.training.loss import causal_logits
@@ -27,7 +25,7 @@ from clover.training.recipe import load_recipe
 from clover.training.sources import build_tasks, task_train_examples, tokenizer_roles
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import embedded_fp32  # noqa: E402
+from common import model_or_trainer_checkpoint  # noqa: E402
 
 
 def source_weights(model, batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -53,10 +51,7 @@ def main(argv=None):
     print("| model | task | sourced tokens | best head on source: mean / median / share < 0.5 | heads' mean, per layer |")
     print("|---|---|---:|---|---|")
     for path in args.models:
-        trainer_checkpoint = (Path(path) / STATE_FILE).exists()
-        _, model, tokenizer = embedded_fp32(None if trainer_checkpoint else path)
-        if trainer_checkpoint:
-            load_trainer_weights(model, path)
+        model, tokenizer = model_or_trainer_checkpoint(path)
         model.eval()
         roles = tokenizer_roles(tokenizer, mask_id=model.config.mask_token_id)
         for task in build_tasks(data.tasks, data.task_options):

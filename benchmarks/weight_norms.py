@@ -16,11 +16,9 @@ from pathlib import Path
 
 import torch
 
-from clover.loading import load_trainer_weights
-from clover.training.checkpointing import STATE_FILE
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import embedded_fp32  # noqa: E402
+from common import model_or_trainer_checkpoint  # noqa: E402
 
 PARTS = (("embedding", "embed_tokens"), ("attention", "self_attn"), ("deltanet", "linear_attn"),
          ("experts", "mlp.experts"), ("router+shared", "mlp."))  # first match names a parameter's part
@@ -40,19 +38,11 @@ def matrix_norms(model: torch.nn.Module) -> dict[str, float]:
     return {part: s ** 0.5 for part, s in squares.items()}
 
 
-def load(path: str) -> torch.nn.Module:
-    trainer_checkpoint = (Path(path) / STATE_FILE).exists()
-    _, model, _ = embedded_fp32(None if trainer_checkpoint else path)
-    if trainer_checkpoint:
-        load_trainer_weights(model, path)
-    return model
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="checkpoint directories or trainer checkpoints; the first is the base")
     args = parser.parse_args(argv)
-    rows = [(path, matrix_norms(load(path))) for path in args.models]
+    rows = [(path, matrix_norms(model_or_trainer_checkpoint(path)[0])) for path in args.models]
     parts = list(rows[0][1])
     print("| model | " + " | ".join(parts) + " |")
     print("|---|" + "---:|" * len(parts))

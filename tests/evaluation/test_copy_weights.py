@@ -16,7 +16,7 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "copy_a_cpu.json"
 
 
 def test_the_best_head_s_weight_bounds_every_head_s():
-    _, model, tokenizer = probe.embedded_fp32(None)
+    model, tokenizer = probe.model_or_trainer_checkpoint(str(default_model_dir()))
     data = load_recipe(RECIPE).data
     joint = [t for t in build_tasks(data.tasks, data.task_options) if t.name == "joint"]
     _, _, pairs = task_train_examples(tokenizer, joint, 3, 901, True, 1.0)

@@ -9,7 +9,7 @@ probe = load_benchmark("weight_norms")
 
 
 def test_the_parts_split_every_decayed_matrix_and_add_up_to_the_whole():
-    _, model, _ = probe.embedded_fp32(None)
+    model, _ = probe.model_or_trainer_checkpoint(str(default_model_dir()))
     norms = probe.matrix_norms(model)
     matrices = [(n, p) for n, p in model.named_parameters() if p.ndim >= 2]
     assert "other" not in norms and {probe.part_of(n) for n, _ in matrices} == set(norms) - {"all"}
