@@ -16,24 +16,37 @@ from pathlib import Path
 
 import torch
 
+from clover.model.attention import GatedAttention
+from clover.model.gated_delta_net import GatedDeltaNet
+from clover.model.moe import Experts, SparseMoeBlock
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import model_or_trainer_checkpoint  # noqa: E402
 
-PARTS = (("embedding", "embed_tokens"), ("attention", "self_attn"), ("deltanet", "linear_attn"),
-         ("experts", "mlp.experts"), ("router+shared", "mlp."))  # first match names a parameter's part
+# a parameter's part is that of the first of these module kinds it sits in (the MoE block after its
+# experts: its router and shared expert); the embedding, tied to the output head, is the rest
+PARTS = ((GatedAttention, "attention"), (GatedDeltaNet, "deltanet"), (Experts, "experts"),
+         (SparseMoeBlock, "router+shared"))
 
 
-def part_of(name: str) -> str:
-    return next((part for part, key in PARTS if key in name), "other")
+def parts(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]:
+    """The decayed parameters (matrices) of each part; ``"embedding"`` holds those no part claims."""
+    claimed: dict[int, str] = {}
+    for kind, part in PARTS:
+        for module in model.modules():
+            if isinstance(module, kind):
+                for p in module.parameters():
+                    claimed.setdefault(id(p), part)
+    grouped: dict[str, list[torch.nn.Parameter]] = {}
+    for p in model.parameters():
+        if p.ndim >= 2:
+            grouped.setdefault(claimed.get(id(p), "embedding"), []).append(p)
+    return grouped
 
 
 def matrix_norms(model: torch.nn.Module) -> dict[str, float]:
     """Frobenius norm of the decayed parameters in each part, and over all of them (``"all"``)."""
-    squares: dict[str, float] = {}
-    for name, p in model.named_parameters():
-        if p.ndim >= 2:
-            squares[part_of(name)] = squares.get(part_of(name), 0.0) + p.detach().double().pow(2).sum().item()
+    squares = {part: sum(p.detach().double().pow(2).sum().item() for p in ps) for part, ps in parts(model).items()}
     squares["all"] = sum(squares.values())
     return {part: s ** 0.5 for part, s in squares.items()}
 

@@ -11,9 +11,12 @@ probe = load_benchmark("weight_norms")
 def test_the_parts_split_every_decayed_matrix_and_add_up_to_the_whole():
     model, _ = probe.model_or_trainer_checkpoint(str(default_model_dir()))
     norms = probe.matrix_norms(model)
-    matrices = [(n, p) for n, p in model.named_parameters() if p.ndim >= 2]
-    assert "other" not in norms and {probe.part_of(n) for n, _ in matrices} == set(norms) - {"all"}
-    whole = torch.cat([p.detach().double().flatten() for _, p in matrices]).norm().item()
+    matrices = [p for p in model.parameters() if p.ndim >= 2]
+    grouped = probe.parts(model)
+    assert set(grouped) == {"embedding", "attention", "deltanet", "experts", "router+shared"} == set(norms) - {"all"}
+    assert sorted(id(p) for ps in grouped.values() for p in ps) == sorted(id(p) for p in matrices)
+    assert any(p is model.model.embed_tokens.weight for p in grouped["embedding"])
+    whole = torch.cat([p.detach().double().flatten() for p in matrices]).norm().item()
     assert abs(norms["all"] - whole) < 1e-6 * whole
     assert abs(sum(v * v for k, v in norms.items() if k != "all") - whole ** 2) < 1e-6 * whole ** 2
     with torch.no_grad():
