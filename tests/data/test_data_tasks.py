@@ -403,6 +403,27 @@ def test_joint_keyed_rules_and_facts_write_the_key_first(facts):
         get_task("joint", facts=facts, rules="keyed", checks="paired")
 
 
+@pytest.mark.parametrize("derive", ["lookup", "scan"])
+def test_joint_keyed_lines_rekey_the_derivation_and_leave_the_prompt_alone(derive):
+    """With `line_rules="keyed"` a derivation line writes each rule it copies as `cleared: licensed and
+    rested.`; the prompt keeps its sentences, and everything else is the default's, draw for draw."""
+    sentence = get_task("joint", balanced=True, max_rules=3, derive=derive)
+    keyed = get_task("joint", balanced=True, max_rules=3, derive=derive, line_rules="keyed")
+    rule = re.compile(r"Anyone who is (.+?) is (\w+)\.")
+    rekeyed = 0
+    for seed in range(100):
+        a, b = sentence.sample(random.Random(seed)), keyed.sample(random.Random(seed))
+        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta) and keyed.score(b, b.answer)["correct"]
+        assert "Anyone who is" in b.prompt and "Anyone" not in b.reasoning
+        assert b.reasoning == rule.sub(r"\2: \1.", a.reasoning)
+        rekeyed += a.reasoning != b.reasoning
+    assert rekeyed > 30
+    with pytest.raises(ValueError, match="line_rules='table' must be one of"):
+        get_task("joint", line_rules="table")
+    with pytest.raises(ValueError, match="keyed rules or facts are written without checks"):
+        get_task("joint", line_rules="keyed", checks="paired")
+
+
 @pytest.mark.parametrize("chain", [False, True])
 def test_joint_scan_copies_every_rule_up_to_the_one_behind_the_property(chain):
     """With `derive="scan"` a derived line copies the prompt's rules in order, the first one first,

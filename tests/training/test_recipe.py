@@ -446,3 +446,12 @@ def test_the_decay_runs_are_the_third_round_s_run_a_at_a_stronger_weight_decay()
         run = load_recipe(ROOT / "recipes" / f"{name}.json")
         assert run.model == control.model and run.tokenizer == control.tokenizer and run.data == control.data
         assert run.train == dataclasses.replace(control.train, weight_decay=decay)
+
+
+def test_the_keyed_lines_run_is_the_third_round_s_run_a_with_joint_s_lines_keyed():
+    """`curriculum_soup3_a_cpu` step for step, with joint's derivation lines writing their rules
+    property first (`line_rules: keyed`); the prompts keep their sentences."""
+    run, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in ("keyed_lines_cpu", "curriculum_soup3_a_cpu"))
+    assert run.model == control.model and run.tokenizer == control.tokenizer and run.train == control.train
+    joint = {**control.data.task_options["joint"], "line_rules": "keyed"}
+    assert run.data == dataclasses.replace(control.data, task_options={**control.data.task_options, "joint": joint})

@@ -56,6 +56,14 @@ token right before the conditions, as the name is before a fact line's propertie
 follows its key. ``2. Is Kim cleared? Kim: rested. cleared: licensed and rested. no``. Measured from
 the embedded model's stage 14, the keyed forms copied no better (BENCHMARKS.md, "Two more stages").
 
+With ``line_rules="keyed"`` (a training option; by default a line writes its rule in the prompt's form)
+the derivation line writes the rule it copies property first while the prompt keeps its sentences:
+``2. Is Kim cleared? Kim is rested. cleared: licensed and rested. no``. The line writes the asked
+property again just before the conditions, so the position that writes the first condition holds
+what the lookup matches (in the sentence form it is a question and a fact line back, and the embedded
+model's residual stream there does not hold it: ``benchmarks/lookup_probe.py``), while the prompt's
+rule still holds its conditions at its property word, where the lookup reads them.
+
 With ``derive="scan"`` (a training option; the default ``"lookup"`` writes the rule behind the
 property) a derived line copies the rules in prompt order up to and including the one behind the
 property: ``2. Is Kim cleared? Kim is rested. Anyone who is insured and rested is qualified. Anyone
@@ -120,7 +128,7 @@ class JointTask(Task):
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
                  chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: str = "",
                  facts: str = "stated", rules: str = "sentence", ask_derived: bool = True,
-                 min_people: int = 1, derive: str = "lookup"):
+                 min_people: int = 1, derive: str = "lookup", line_rules: str | None = None):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
@@ -136,13 +144,16 @@ class JointTask(Task):
         if facts == "roster" and (chain or checks):
             raise ValueError(f"facts='roster' writes its own lookups of base properties: it needs "
                              f"chain=False and checks='', got chain={chain}, checks={checks!r}")
-        if rules not in RULE_FORMS:
-            raise ValueError(f"rules={rules!r} must be one of {RULE_FORMS}")
+        line_rules = line_rules or rules
+        for option, form in (("rules", rules), ("line_rules", line_rules)):
+            if form not in RULE_FORMS:
+                raise ValueError(f"{option}={form!r} must be one of {RULE_FORMS}")
         if derive not in DERIVATIONS:
             raise ValueError(f"derive={derive!r} must be one of {DERIVATIONS}")
-        if "keyed" in (rules, facts) and checks:
+        if "keyed" in (rules, line_rules, facts) and checks:
             raise ValueError(f"keyed rules or facts are written without checks (a keyed line reads like a "
-                             f"listed check), got rules={rules!r}, facts={facts!r}, checks={checks!r}")
+                             f"listed check), got rules={rules!r}, line_rules={line_rules!r}, facts={facts!r}, "
+                             f"checks={checks!r}")
         self.min_questions = min_questions
         self.max_questions = max_questions
         self.max_rules = max_rules
@@ -152,6 +163,7 @@ class JointTask(Task):
         self.checks = checks  # write each condition's check against the fact line before the answer
         self.facts = facts
         self.rules = rules
+        self.line_rules = line_rules  # the form of the rules a derivation line writes
         self.ask_derived = ask_derived  # else every question asks a base property
         self.min_people = min_people  # pilots in a prompt: at least this many (and enough for the questions)
         self.derive = derive
@@ -192,7 +204,7 @@ class JointTask(Task):
         if self.derive == "scan" and behind:
             written = rules[:rules.index(behind[-1]) + 1]
         words = [f"{k}. Is {pilot} {prop}?", fact_line(pilot, held, base, self.facts),
-                 *(rule_line(rule, self.rules) for rule in written)]
+                 *(rule_line(rule, self.line_rules) for rule in written)]
         if self.facts == "roster":
             words.append(_values(conditions, held))
         elif self.checks:

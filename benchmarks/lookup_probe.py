@@ -1,0 +1,124 @@
+"""Where joint's rule lookup loses its information: linear probes on the residual stream, layer by layer.
+
+A derived line copies the rule behind its asked property, `2. Is Kim cleared? Kim is rested. Anyone
+who is licensed and rested is cleared. no`. In causal mode the rule's first condition is written from
+the position just before it (after `Anyone who is `), and the prompt's rule holds it before the word
+that finds the rule (`Anyone who is licensed and rested is cleared.`), so a lookup has to read it
+where that word stands. A linear probe (softmax regression fitted on the first part of the
+examples, scored on the rest; the residual stream after the embedding and after each decoder layer)
+asks three things for each derived line:
+
+- **key**: does the prompt rule's property word (`cleared`) hold the rule's first condition? This is
+  what an attention layer after it can read there;
+- **query**: does the line's position before the first condition hold the asked property (what the
+  lookup must match)?
+- **answer**: does that position hold the right first condition (what the next token needs)?
+
+Causal forwards over prompt and teacher-forced answer (what AR decoding sees), thinking on.
+
+    python benchmarks/lookup_probe.py --limit 400 --seed 20
+    python benchmarks/lookup_probe.py --checkpoint runs/decay-a/checkpoints/step-0004000 --limit 400 --seed 20
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import embedded_probe_parser, load_probe_model  # noqa: E402
+from rule_lookups import SENTENCE, rule_copies  # noqa: E402
+
+QUESTIONS = ("key", "query", "answer")
+
+
+def token_at(offsets: list[tuple[int, int]], char: int) -> int:
+    """The index of the token whose span holds character `char`."""
+    return next(k for k, (a, b) in enumerate(offsets) if a <= char < b)
+
+
+def residuals(model, ids: list[int]) -> torch.Tensor:
+    """[L + 1, T, D]: the residual stream after the embedding and after each decoder layer."""
+    states = []
+    hooks = [model.model.embed_tokens.register_forward_hook(lambda m, i, out: states.append(out[0]))]
+    hooks += [layer.register_forward_hook(lambda m, i, out: states.append(out[0][0])) for layer in model.model.layers]
+    try:
+        model(torch.tensor([ids]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.stack(states)
+
+
+def probe_samples(model, tokenizer, examples) -> dict[str, tuple[list[torch.Tensor], list[str]]]:
+    """{question: (residuals [L + 1, D] per derived line, label)} over `examples` (see the docstring)."""
+    from clover.data.corpus import format_chat
+
+    samples = {q: ([], []) for q in QUESTIONS}
+    for example in examples:
+        chat = format_chat(tokenizer, example, enable_thinking=True)
+        text = chat.prompt + chat.answer
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = [tuple(span) for span in encoded["offset_mapping"]]
+        stream = residuals(model, encoded.input_ids)
+        rules_block = chat.prompt.split("Facts")[0]
+        conclusion = {m[2]: (m.start(2), m[1].split()[0]) for m in SENTENCE.finditer(rules_block)}
+        start = len(chat.prompt) + chat.answer.index(example.reasoning)
+        for a, _, prop, _, place in rule_copies(example.reasoning):
+            if not place.endswith("behind"):
+                continue
+            where, first = conclusion[prop]
+            before = token_at(offsets, start + a) - 1  # the position that writes the first condition
+            for question, position, label in (("key", token_at(offsets, where), first),
+                                              ("query", before, prop), ("answer", before, first)):
+                samples[question][0].append(stream[:, position])
+                samples[question][1].append(label)
+    return samples
+
+
+def probe_accuracy(features: torch.Tensor, labels: list[str], train_share: float = 0.75,
+                   steps: int = 300) -> float:
+    """Held-out accuracy of a softmax regression from `features` [N, D] to `labels`, fitted on the
+    first `train_share` of the samples (standardized by the fitted part's statistics)."""
+    classes = sorted(set(labels))
+    y = torch.tensor([classes.index(label) for label in labels])
+    n = int(len(labels) * train_share)
+    mean, std = features[:n].mean(0), features[:n].std(0) + 1e-6
+    x = (features - mean) / std
+    probe = torch.nn.Linear(x.shape[1], len(classes))
+    optimizer = torch.optim.Adam(probe.parameters(), lr=1e-2, weight_decay=1e-3)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(probe(x[:n]), y[:n]).backward()
+        optimizer.step()
+    with torch.no_grad():
+        return (probe(x[n:]).argmax(-1) == y[n:]).float().mean().item()
+
+
+def main() -> None:
+    from clover.data import eval_examples, get_task
+
+    parser = embedded_probe_parser(__doc__, limit=400, limit_help="joint prompts", seed=20)
+    args = parser.parse_args()
+    path, model, tokenizer = load_probe_model(args)
+    torch.manual_seed(0)
+    examples = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint")])
+    with torch.inference_mode():
+        samples = probe_samples(model.eval(), tokenizer, examples)
+    n = len(samples["key"][1])
+    print(f"model {path}, {args.limit} joint prompts of seed {args.seed}: {n} derived lines, "
+          f"probes fitted on the first 3/4, held-out accuracy\n")
+    layers = ["embedding", *(f"layer {k}" for k in range(len(model.model.layers)))]
+    print("| probe | most common label | " + " | ".join(layers) + " |")
+    print("|---|" + "---:|" * (len(layers) + 1))
+    for question in QUESTIONS:
+        stacked, labels = torch.stack(samples[question][0]), samples[question][1]  # [N, L + 1, D]
+        held_out = labels[int(len(labels) * 0.75):]
+        common = max(held_out.count(label) for label in set(held_out)) / len(held_out)
+        cells = [f"{probe_accuracy(stacked[:, k].float(), labels):.2f}" for k in range(stacked.shape[1])]
+        print(f"| {question} | {common:.2f} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
