@@ -14,6 +14,9 @@ asks three things for each derived line:
   lookup must match)?
 - **answer**: does that position hold the right first condition (what the next token needs)?
 
+and then, for the query, where along the line the asked property is still held (from the question's
+property word to the position before the first condition).
+
 Causal forwards over prompt and teacher-forced answer (what AR decoding sees), thinking on.
 
     python benchmarks/lookup_probe.py --limit 400 --seed 20
@@ -31,6 +34,10 @@ from common import embedded_probe_parser, load_probe_model  # noqa: E402
 from rule_lookups import SENTENCE, rule_copies  # noqa: E402
 
 QUESTIONS = ("key", "query", "answer")
+# where along a derived line the asked property is probed for: the question's property word, its
+# question mark, the fact line's first token and its full stop, the rule copy's first token, and the
+# position that writes the rule's first condition (the query above)
+ALONG = ("property word", "?", "fact line", "fact line's .", "rule", "before the condition")
 
 
 def token_at(offsets: list[tuple[int, int]], char: int) -> int:
@@ -51,11 +58,21 @@ def residuals(model, ids: list[int]) -> torch.Tensor:
     return torch.stack(states)
 
 
+def line_positions(text: str, a: int) -> list[int]:
+    """Character offsets in `text` of the `ALONG` places of the derived line whose rule copy's first
+    condition starts at `a` (the last place, the condition itself, is stepped back a token later)."""
+    line = text.rfind("\n", 0, a) + 1
+    mark = text.index("?", line)
+    fact_end = text.index(".", mark + 2)
+    return [mark - 1, mark, mark + 2, fact_end, fact_end + 2, a]
+
+
 def probe_samples(model, tokenizer, examples) -> dict[str, tuple[list[torch.Tensor], list[str]]]:
-    """{question: (residuals [L + 1, D] per derived line, label)} over `examples` (see the docstring)."""
+    """{question: (residuals [L + 1, D] per derived line, label)} over `examples`, for each of
+    `QUESTIONS` and each place of `ALONG` (see the docstring)."""
     from clover.data.corpus import format_chat
 
-    samples = {q: ([], []) for q in QUESTIONS}
+    samples = {q: ([], []) for q in (*QUESTIONS, *ALONG)}
     for example in examples:
         chat = format_chat(tokenizer, example, enable_thinking=True)
         text = chat.prompt + chat.answer
@@ -69,9 +86,10 @@ def probe_samples(model, tokenizer, examples) -> dict[str, tuple[list[torch.Tens
             if not place.endswith("behind"):
                 continue
             where, first = conclusion[prop]
-            before = token_at(offsets, start + a) - 1  # the position that writes the first condition
-            for question, position, label in (("key", token_at(offsets, where), first),
-                                              ("query", before, prop), ("answer", before, first)):
+            along = [token_at(offsets, start + c) for c in line_positions(example.reasoning, a)]
+            before = along[-1] = along[-1] - 1  # the position that writes the first condition
+            for question, position, label in (("key", token_at(offsets, where), first), ("query", before, prop),
+                                              ("answer", before, first), *zip(ALONG, along, [prop] * len(ALONG))):
                 samples[question][0].append(stream[:, position])
                 samples[question][1].append(label)
     return samples
@@ -112,12 +130,13 @@ def main() -> None:
     layers = ["embedding", *(f"layer {k}" for k in range(len(model.model.layers)))]
     print("| probe | most common label | " + " | ".join(layers) + " |")
     print("|---|" + "---:|" * (len(layers) + 1))
-    for question in QUESTIONS:
-        stacked, labels = torch.stack(samples[question][0]), samples[question][1]  # [N, L + 1, D]
-        held_out = labels[int(len(labels) * 0.75):]
-        common = max(held_out.count(label) for label in set(held_out)) / len(held_out)
-        cells = [f"{probe_accuracy(stacked[:, k].float(), labels):.2f}" for k in range(stacked.shape[1])]
-        print(f"| {question} | {common:.2f} | " + " | ".join(cells) + " |")
+    for rows in (QUESTIONS, ALONG):
+        for question in rows:
+            stacked, labels = torch.stack(samples[question][0]), samples[question][1]  # [N, L + 1, D]
+            held_out = labels[int(len(labels) * 0.75):]
+            common = max(held_out.count(label) for label in set(held_out)) / len(held_out)
+            cells = [f"{probe_accuracy(stacked[:, k].float(), labels):.2f}" for k in range(stacked.shape[1])]
+            print(f"| {'asked property at ' * (rows is ALONG)}{question} | {common:.2f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

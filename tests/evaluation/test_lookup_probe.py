@@ -36,3 +36,15 @@ def test_each_derived_line_gives_a_key_a_query_and_an_answer_at_the_right_tokens
     prop = line.split("?")[0].split()[-1]
     embedded = model.model.embed_tokens.weight[tokenizer.convert_tokens_to_ids(prop)]
     assert any(torch.equal(s[0], embedded) for s in keys[0])
+    words = samples["property word"]  # along the line: the first place is the property word itself
+    assert words[1] == queries[1] and all(len(samples[place][1]) == lines for place in probe.ALONG)
+    assert all(torch.equal(s[0], model.model.embed_tokens.weight[tokenizer.convert_tokens_to_ids(label)])
+               for s, label in zip(*words))
+    assert all(torch.equal(a, b) for a, b in zip(samples["before the condition"][0], queries[0]))
+
+
+def test_the_places_along_a_line_are_its_question_fact_line_and_rule():
+    text = "1. Is Kim rested? Kim is rested. yes\n2. Is Kim cleared? Kim is rested. Anyone who is licensed is cleared. no"
+    a = text.index("licensed")
+    places = [text[c] for c in probe.line_positions(text, a)]
+    assert places == ["d", "?", "K", ".", "A", "l"] and text[probe.line_positions(text, a)[0] - 6:][:7] == "cleared"
