@@ -21,6 +21,7 @@ Causal forwards over prompt and teacher-forced answer (what AR decoding sees), t
 
     python benchmarks/lookup_probe.py --limit 400 --seed 20
     python benchmarks/lookup_probe.py --checkpoint runs/decay-a/checkpoints/step-0004000 --limit 400 --seed 20
+    python benchmarks/lookup_probe.py --model runs/keyed-lines/final --line-rules keyed --limit 400 --seed 20
 """
 
 import re
@@ -118,10 +119,12 @@ def main() -> None:
     from clover.data import eval_examples, get_task
 
     parser = embedded_probe_parser(__doc__, limit=400, limit_help="joint prompts", seed=20)
+    parser.add_argument("--line-rules", choices=("sentence", "keyed"), default="sentence",
+                        help="the form of the rules joint's lines write (the prompt keeps its sentences)")
     args = parser.parse_args()
     path, model, tokenizer = load_probe_model(args)
     torch.manual_seed(0)
-    examples = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint")])
+    examples = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint", line_rules=args.line_rules)])
     with torch.inference_mode():
         samples = probe_samples(model.eval(), tokenizer, examples)
     n = len(samples["key"][1])

@@ -18,6 +18,7 @@ where the line ends is not the lookup).
     python benchmarks/rule_lookups.py --checkpoint runs/rules-a/checkpoints/step-0001000 --limit 80 --seed 3
     python benchmarks/rule_lookups.py --drill keyed --limit 80 --seed 3
     python benchmarks/rule_lookups.py --derive scan --checkpoint runs/scan-a/checkpoints/step-0001000 --limit 40 --seed 3
+    python benchmarks/rule_lookups.py --line-rules keyed --checkpoint runs/keyed-lines/checkpoints/step-0001000 --limit 40 --seed 3
 """
 
 import re
@@ -122,12 +123,14 @@ def main() -> None:
     parser = embedded_probe_parser(__doc__, limit_help="prompts of each task")
     parser.add_argument("--derive", choices=("lookup", "scan"), default="lookup",
                         help="how joint's derived lines copy their rules")
+    parser.add_argument("--line-rules", choices=("sentence", "keyed"), default="sentence",
+                        help="the form of the rules joint's lines write (the prompt keeps its sentences)")
     parser.add_argument("--drill", choices=("sentence", "keyed"), default="sentence",
                         help="the form of the drill's rules")
     args = parser.parse_args()
     path, model, tokenizer = load_probe_model(args)
-    joint = get_task("joint", derive=args.derive)
-    groups = {f"joint ({args.derive})": eval_examples(args.limit, seed=args.seed, tasks=[joint]),
+    joint = get_task("joint", derive=args.derive, line_rules=args.line_rules)
+    groups = {f"joint ({args.derive}, {args.line_rules} lines)": eval_examples(args.limit, seed=args.seed, tasks=[joint]),
               f"rules drill ({args.drill})": eval_examples(args.limit, seed=args.seed,
                                                            tasks=[get_task("rules", rules=args.drill)])}
     print(f"model {path}, seed {args.seed}, teacher-forced, causal\n")
