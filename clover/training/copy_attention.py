@@ -23,9 +23,17 @@ sourced tokens. Any head may take the job and the others are left alone; named h
 heads that copy already (in the embedded model, head 5 of the first full-attention layer and head 2
 of the second put 0.3-0.5 of their weight on the sources of copy, airspace and record, but not of
 joint: `benchmarks/copy_weights.py`).
+
+With `train.copy_targets: "keys"` the targets are a lookup's key in place of the copied tokens: a
+keyed copy in the response (joint's `line_rules: keyed`, `cleared: licensed and rested.`) attends,
+from each of its tokens after the colon to its full stop, to the prompt's sentence that ends with
+its key (`Anyone who is licensed and rested is cleared.`), at the key word. There the embedded
+model's residual stream already holds the rule's conditions, and the keyed line holds the key just
+before them, yet no head of it looks from one to the other (`benchmarks/lookup_probe.py`).
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -59,6 +67,56 @@ def copy_sources(batch: Batch, min_context: int = 2, max_context: int = MAX_CONT
     ties = ((context == best[..., None]) & same).sum(dim=-1)
     sourced = (best >= min_context) & (ties == 1) & batch.target_mask
     return torch.where(sourced, column, torch.full_like(column, -1))
+
+
+COPY_TARGETS = ("tokens", "keys")  # what copy supervision points at: each copied token's source, or its key
+
+
+@dataclass(frozen=True)
+class KeyTokens:
+    """Token ids of a keyed copy: its possible keys, the colon after a key, and the full stops."""
+
+    keys: frozenset[int]
+    colon: int
+    stops: frozenset[int]
+
+
+def joint_key_tokens(tokenizer) -> KeyTokens:
+    """Joint's keys (its derived properties), the colon and the full stops (`.`, and `.` with a
+    newline where the tokenizer glues them) as `tokenizer` writes them; each must be one token."""
+    from clover.data.tasks.joint import DERIVED
+
+    def one_token(text: str) -> int | None:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        return ids[0] if len(ids) == 1 else None
+
+    ids = {text: one_token(text) for text in (*DERIVED, ":", ".", ".\n")}
+    if missing := [text for text, i in ids.items() if i is None and text != ".\n"]:
+        raise ValueError(f"copy_targets='keys' needs each of {missing} to be one token of the tokenizer")
+    stops = frozenset(i for text, i in ids.items() if text in (".", ".\n") and i is not None)
+    return KeyTokens(frozenset(ids[word] for word in DERIVED), ids[":"], stops)
+
+
+def key_sources(batch: Batch, tokens: KeyTokens) -> torch.Tensor:
+    """[N, R] long: for each targeted response token of a keyed copy (after `key :`, to its full stop
+    included), the prompt column of that key where it ends a prompt sentence (`... is cleared.`); -1
+    for every other token, and for a key that ends no prompt sentence."""
+    out = torch.full(batch.response_ids.shape, -1, dtype=torch.long)
+    for n, (prompt, response) in enumerate(zip(batch.prompt_ids.tolist(), batch.response_ids.tolist())):
+        ends = {t: c for c, (t, after) in enumerate(zip(prompt, prompt[1:]))
+                if t in tokens.keys and after in tokens.stops}
+        j = 0
+        while j < len(response) - 1:
+            if response[j] in ends and response[j + 1] == tokens.colon:
+                k = j + 2
+                while k < len(response):
+                    out[n, k] = ends[response[j]]
+                    if response[k] in tokens.stops:
+                        break
+                    k += 1
+                j = k
+            j += 1
+    return torch.where(batch.target_mask.cpu(), out, torch.full_like(out, -1)).to(batch.response_ids.device)
 
 
 class RecordedAttention:

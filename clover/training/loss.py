@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache_handle import with_handles
-from .copy_attention import RecordedAttention, copy_attention_loss, copy_sources
+from .copy_attention import KeyTokens, RecordedAttention, copy_attention_loss, copy_sources, key_sources
 from .data import Batch
 from .noising import BlockNoise
 
@@ -116,13 +116,15 @@ class JointLoss(nn.Module):
     """The whole objective as one module, so a DDP wrapper sees one forward per backward.
     With α = 0 only the clean stream is computed, in one causal forward. With `copy_attention` > 0
     the copy supervision's loss (copy_attention.py) over `copy_heads` (all when empty), times that
-    weight, joins the total."""
+    weight, joins the total; it points at each copied token's source, or with `key_tokens` at each
+    keyed copy's key."""
 
     def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None,
-                 copy_attention: float = 0.0, copy_heads: tuple[tuple[int, int], ...] = ()):
+                 copy_attention: float = 0.0, copy_heads: tuple[tuple[int, int], ...] = (),
+                 key_tokens: KeyTokens | None = None):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
-        self.copy_attention, self.copy_heads = copy_attention, copy_heads
+        self.copy_attention, self.copy_heads, self.key_tokens = copy_attention, copy_heads, key_tokens
         self.recording = RecordedAttention(model) if copy_attention else None  # reused every step
 
     def forward(self, batch: Batch, noise: BlockNoise, normalizer: float | None = None) -> LossResult:
@@ -130,7 +132,8 @@ class JointLoss(nn.Module):
             return self._objective(batch, noise, normalizer)
         with self.recording as recorded:
             result = self._objective(batch, noise, normalizer)
-        l_copy = copy_attention_loss(recorded, copy_sources(batch), batch.prompt_ids.shape[1], self.copy_heads)
+        sources = copy_sources(batch) if self.key_tokens is None else key_sources(batch, self.key_tokens)
+        l_copy = copy_attention_loss(recorded, sources, batch.prompt_ids.shape[1], self.copy_heads)
         return replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
 
     def _objective(self, batch: Batch, noise: BlockNoise, normalizer: float | None) -> LossResult:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .copy_attention import KeyTokens, joint_key_tokens
 from .data import BatchSpec, PairDataset
 from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
 from .evaluation import combine, loss_evaluator, task_evaluator
@@ -174,9 +175,10 @@ def _fits(pair, data) -> bool:
             and (data.max_response_len is None or len(pair.response_ids) <= data.max_response_len))
 
 
-def fit_recipe(recipe: Recipe, model, dataset, dist: DistInfo, minutes: float, run_dir: Path) -> Recipe:
+def fit_recipe(recipe: Recipe, model, dataset, dist: DistInfo, minutes: float, run_dir: Path,
+               key_tokens: KeyTokens | None = None) -> Recipe:
     """`recipe` with the steps that fill `minutes` here; the run dir's recipe.json records them."""
-    seconds = measure_step_seconds(model, recipe.train, dataset, dist)
+    seconds = measure_step_seconds(model, recipe.train, dataset, dist, key_tokens=key_tokens)
     train = fit_steps(recipe.train, seconds, minutes)
     fitted = dataclasses.replace(recipe, train=train)
     if dist.is_main:
@@ -226,10 +228,11 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
     model.to(device_for(dist, recipe.device))
     dataset, eval_fn = build_data(recipe, tokenizer, roles, model,
                                   lambda message: log_line(run_dir, dist, message, echo=True))
+    keys = joint_key_tokens(tokenizer) if recipe.train.copy_targets == "keys" else None
     if fit_minutes is not None:
-        recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir)
+        recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys)
     scales = grown_part_scales(model, recipe.model)
-    trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress, scales)
+    trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress, scales, keys)
     if resume and not trainer.resume():
         trainer.log("resume requested but no checkpoint found: starting from step 0")
     summary = trainer.train(max_steps=max_steps, max_minutes=max_minutes)

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from . import checkpointing as ckpt
 from .data import PairDataset
 from .activation_checkpointing import checkpoint_layers
+from .copy_attention import COPY_TARGETS, KeyTokens
 from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
 from .noising import LEVEL_UNITS, noise_generator, sample_example_noise, step_level_bounds
@@ -47,6 +48,7 @@ class TrainConfig:
     suffix_mask: float = 0.0  # share of blocks masked from a random position to their end (noising.py)
     copy_attention: float = 0.0  # weight of the copy supervision's loss (copy_attention.py); 0: off
     copy_heads: tuple[tuple[int, int], ...] = ()  # (full-attention layer, head) it trains; empty: any
+    copy_targets: str = "tokens"  # what it points at: each copied token's source, or "keys" (copy_attention.py)
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 0
@@ -81,6 +83,8 @@ class TrainConfig:
             raise ValueError(f"suffix_mask={self.suffix_mask} must be in [0, 1]")
         if self.copy_attention < 0:
             raise ValueError(f"copy_attention={self.copy_attention} must be >= 0")
+        if self.copy_targets not in COPY_TARGETS:
+            raise ValueError(f"copy_targets={self.copy_targets!r} must be one of {COPY_TARGETS}")
 
 
 @dataclass(frozen=True)
@@ -115,8 +119,9 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, config: TrainConfig, dataset: PairDataset,
                  run_dir: str | Path | None = None, eval_fn: EvalFn | None = None,
                  dist: DistInfo = DistInfo(), progress: bool = True,
-                 update_scales: dict[str, torch.Tensor] | None = None):
-        """`update_scales`: parameter name -> per-element multiplier of its updates (optim.py)."""
+                 update_scales: dict[str, torch.Tensor] | None = None, key_tokens: KeyTokens | None = None):
+        """`update_scales`: parameter name -> per-element multiplier of its updates (optim.py);
+        `key_tokens`: the keyed copies' token ids, which copy supervision needs with `copy_targets="keys"`."""
         self.model, self.config, self.dataset, self.dist = model, config, dataset, dist
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.eval_fn, self.progress = eval_fn, progress
@@ -129,8 +134,11 @@ class Trainer:
         if update_scales and self.sharded:
             raise ValueError("per-element update scales need whole parameters: use strategy 'ddp', not 'fsdp'")
         self.replicated = shard_fsdp(model, config.dtype) if self.sharded else []
+        if config.copy_attention and config.copy_targets == "keys" and key_tokens is None:
+            raise ValueError("copy_targets='keys' needs the keyed copies' token ids (key_tokens)")
+        keys = key_tokens if config.copy_targets == "keys" else None
         loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset, config.copy_attention,
-                         config.copy_heads)
+                         config.copy_heads, keys)
         self.engine = distribute(loss, model, config.strategy, dist)
         self.optimizer = build_optimizer(model, config.lr, config.weight_decay, config.betas)
         self.scheduler = build_scheduler(self.optimizer, config.warmup_steps, config.steps,

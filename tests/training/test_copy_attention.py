@@ -4,7 +4,8 @@ and the attention weight on it, read off the training forwards."""
 import pytest
 import torch
 
-from clover.training.copy_attention import RecordedAttention, copy_attention_loss, copy_sources, source_log_weights
+from clover.training.copy_attention import (KeyTokens, RecordedAttention, copy_attention_loss, copy_sources,
+                                           joint_key_tokens, key_sources, source_log_weights)
 from clover.training.data import Pair, collate
 from clover.training.loss import JointLoss, causal_logits, stream_logits
 from clover.training.noising import noise_generator, sample_block_noise
@@ -145,3 +146,51 @@ def test_named_heads_confine_the_loss_to_them():
     weights = source_log_weights(recorded[last], sources, p)[:, 3]
     assert torch.allclose(one, -weights[sources >= 0].mean())
     assert torch.allclose(named_all, every) and every <= one
+
+
+KEYS = KeyTokens(keys=frozenset({90, 91}), colon=33, stops=frozenset({21, 22}))
+
+
+def test_a_keyed_copy_points_at_the_prompt_sentence_that_ends_with_its_key():
+    # prompt: "a b is 90 ." "c is 91 .\n" "Is 90 ?" ; response: "90 : c d ." then "91 : a ." then "90 ?"
+    prompt = (40, 41, 50, 90, 21, 42, 50, 91, 22, 51, 90, 52)
+    response = (90, 33, 42, 43, 21, 91, 33, 40, 21, 90, 52, EOS)
+    batch = _batch([Pair(prompt, response)])
+    sources = key_sources(batch, KEYS)[0].tolist()
+    # 90's sentence ends at column 3 (the question's 90 is followed by "?"), 91's at column 7; each copy's
+    # tokens after its colon, up to its full stop, point there; keys, colons and the rest point nowhere
+    assert sources[:12] == [-1, -1, 3, 3, 3, -1, -1, 7, 7, -1, -1, -1]
+
+
+def test_a_key_without_a_prompt_sentence_and_untargeted_tokens_have_no_source():
+    short = Pair((40, 50, 90, 21), (90, 33, 40, 21, EOS))
+    long = Pair((40, 50, 91, 21, 5, 6, 7), (90, 33, 41, 21, 91, 33, 40, 22, EOS))  # no sentence ends with 90
+    batch = _batch([short, long])
+    sources = key_sources(batch, KEYS)
+    assert sources[0, 2:4].tolist() == [2 + 3, 2 + 3]  # the short row's prompt is left-padded by 3
+    assert sources[1, :4].tolist() == [-1] * 4 and sources[1, 6:8].tolist() == [2, 2]
+    assert not ((sources >= 0) & ~batch.target_mask).any()
+
+
+def test_joint_s_key_tokens_are_single_tokens_of_the_embedded_tokenizer():
+    from clover.data.tasks.joint import DERIVED
+    from clover.data.tokenizer import load_tokenizer
+    from clover import default_model_dir
+
+    tokenizer = load_tokenizer(default_model_dir())
+    keys = joint_key_tokens(tokenizer)
+    assert {tokenizer.decode([k]) for k in keys.keys} == set(DERIVED) and tokenizer.decode([keys.colon]) == ":"
+    assert {tokenizer.decode([s]) for s in keys.stops} == {".", ".\n"}
+
+
+def test_key_targets_train_through_the_objective_and_need_their_tokens():
+    model = tiny_model()
+    batch = _batch([Pair((40, 50, 90, 21, 42, 50, 91, 21), (90, 33, 42, 43, 21, 91, 33, 40, 21, EOS))])
+    noise = sample_block_noise(batch.target_mask, 4, 0.1, noise_generator(0, 0))
+    keyed = JointLoss(model, 4, alpha=1.0, copy_attention=1.0, key_tokens=KEYS)(batch, noise)
+    with torch.no_grad(), RecordedAttention(model) as recorded:
+        causal_logits(model, batch)
+        expected = copy_attention_loss(recorded, key_sources(batch, KEYS), batch.prompt_ids.shape[1])
+    assert torch.allclose(keyed.l_copy, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="copy_targets='lines' must be one of"):
+        TrainConfig(steps=1, batch_size=1, block_size=4, copy_targets="lines")

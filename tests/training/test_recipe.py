@@ -455,3 +455,9 @@ def test_the_keyed_lines_run_is_the_third_round_s_run_a_with_joint_s_lines_keyed
     assert run.model == control.model and run.tokenizer == control.tokenizer and run.train == control.train
     joint = {**control.data.task_options["joint"], "line_rules": "keyed"}
     assert run.data == dataclasses.replace(control.data, task_options={**control.data.task_options, "joint": joint})
+
+
+def test_the_keyed_lookups_run_is_the_keyed_lines_run_with_copy_supervision_on_the_keys():
+    run, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in ("keyed_lookups_cpu", "keyed_lines_cpu"))
+    assert run.model == control.model and run.tokenizer == control.tokenizer and run.data == control.data
+    assert run.train == dataclasses.replace(control.train, steps=3000, copy_attention=0.1, copy_targets="keys")
