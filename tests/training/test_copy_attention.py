@@ -194,3 +194,14 @@ def test_key_targets_train_through_the_objective_and_need_their_tokens():
     assert torch.allclose(keyed.l_copy, expected, atol=1e-5)
     with pytest.raises(ValueError, match="copy_targets='lines' must be one of"):
         TrainConfig(steps=1, batch_size=1, block_size=4, copy_targets="lines")
+
+
+def test_a_trainer_with_key_targets_is_refused_without_the_key_tokens():
+    from clover.training.trainer import Trainer
+    from tests.training.conftest import digits_dataset, digits_model
+
+    config = TrainConfig(steps=1, batch_size=4, block_size=4, copy_attention=0.1, copy_targets="keys")
+    with pytest.raises(ValueError, match="copy_targets='keys' needs the keyed copies' token ids"):
+        Trainer(digits_model(seed=1), config, digits_dataset(4), progress=False)
+    trainer = Trainer(digits_model(seed=1), config, digits_dataset(4), progress=False, key_tokens=KEYS)
+    assert trainer.train_step().l_copy == 0.0  # digits hold no keyed copy: nothing to point at
