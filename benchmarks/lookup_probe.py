@@ -15,7 +15,8 @@ asks three things for each derived line:
 - **answer**: does that position hold the right first condition (what the next token needs)?
 
 and then, for the query, where along the line the asked property is still held (from the question's
-property word to the position before the first condition).
+property word to the position before the first condition); last, whether any attention head at that
+position looks up the key: its weight on the asked rule's property word against the other rules'.
 
 Causal forwards over prompt and teacher-forced answer (what AR decoding sees), thinking on.
 
@@ -24,11 +25,13 @@ Causal forwards over prompt and teacher-forced answer (what AR decoding sees), t
     python benchmarks/lookup_probe.py --model runs/keyed-lines/final --line-rules keyed --limit 400 --seed 20
 """
 
-import re
 import sys
 from pathlib import Path
 
 import torch
+
+from clover.model.attention import attention_scores
+from clover.training.copy_attention import RecordedAttention
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import embedded_probe_parser, load_probe_model  # noqa: E402
@@ -68,20 +71,36 @@ def line_positions(text: str, a: int) -> list[int]:
     return [mark - 1, mark, mark + 2, fact_end, fact_end + 2, a]
 
 
-def probe_samples(model, tokenizer, examples) -> dict[str, tuple[list[torch.Tensor], list[str]]]:
-    """{question: (residuals [L + 1, D] per derived line, label)} over `examples`, for each of
-    `QUESTIONS` and each place of `ALONG` (see the docstring)."""
+def key_weights(recorded: list[list], position: int, right: int, others: list[int]) -> torch.Tensor:
+    """[A, H, 2]: each full-attention layer's heads' weight from `position` on the column `right` and on
+    the columns `others` together, from one causal forward's recorded calls."""
+    weights = []
+    for (query, keys, mask, _), *_ in recorded:
+        scores = attention_scores(query[:, :, position:position + 1], keys, mask[:, :, position:position + 1],
+                                  query.shape[-1] ** -0.5)
+        w = scores.softmax(-1)[0, :, 0]  # [H, S]
+        weights.append(torch.stack([w[:, right], w[:, others].sum(-1)], dim=-1))
+    return torch.stack(weights)
+
+
+def probe_samples(model, tokenizer, examples) -> tuple[dict[str, tuple[list[torch.Tensor], list[str]]], torch.Tensor]:
+    """({question: (residuals [L + 1, D] per derived line, label)} for each of `QUESTIONS` and each
+    place of `ALONG`, and the attention on the keys [N, A, H, 2] (`key_weights`)) over the derived
+    lines of `examples` (see the docstring)."""
     from clover.data.corpus import format_chat
 
     samples = {q: ([], []) for q in (*QUESTIONS, *ALONG)}
+    attention = []
     for example in examples:
         chat = format_chat(tokenizer, example, enable_thinking=True)
         text = chat.prompt + chat.answer
         encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         offsets = [tuple(span) for span in encoded["offset_mapping"]]
-        stream = residuals(model, encoded.input_ids)
+        with RecordedAttention(model) as recorded:
+            stream = residuals(model, encoded.input_ids)
         rules_block = chat.prompt.split("Facts")[0]
         conclusion = {m[2]: (m.start(2), m[1].split()[0]) for m in SENTENCE.finditer(rules_block)}
+        columns = {prop: token_at(offsets, where) for prop, (where, _) in conclusion.items()}
         start = len(chat.prompt) + chat.answer.index(example.reasoning)
         for a, _, prop, _, place in rule_copies(example.reasoning):
             if not place.endswith("behind"):
@@ -89,11 +108,12 @@ def probe_samples(model, tokenizer, examples) -> dict[str, tuple[list[torch.Tens
             where, first = conclusion[prop]
             along = [token_at(offsets, start + c) for c in line_positions(example.reasoning, a)]
             before = along[-1] = along[-1] - 1  # the position that writes the first condition
-            for question, position, label in (("key", token_at(offsets, where), first), ("query", before, prop),
+            for question, position, label in (("key", columns[prop], first), ("query", before, prop),
                                               ("answer", before, first), *zip(ALONG, along, [prop] * len(ALONG))):
                 samples[question][0].append(stream[:, position])
                 samples[question][1].append(label)
-    return samples
+            attention.append(key_weights(recorded, before, columns[prop], [c for p, c in columns.items() if p != prop]))
+    return samples, torch.stack(attention)
 
 
 def probe_accuracy(features: torch.Tensor, labels: list[str], train_share: float = 0.75,
@@ -126,7 +146,7 @@ def main() -> None:
     torch.manual_seed(0)
     examples = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint", line_rules=args.line_rules)])
     with torch.inference_mode():
-        samples = probe_samples(model.eval(), tokenizer, examples)
+        samples, attention = probe_samples(model.eval(), tokenizer, examples)
     n = len(samples["key"][1])
     print(f"model {path}, {args.limit} joint prompts of seed {args.seed}: {n} derived lines, "
           f"probes fitted on the first 3/4, held-out accuracy\n")
@@ -140,6 +160,13 @@ def main() -> None:
             common = max(held_out.count(label) for label in set(held_out)) / len(held_out)
             cells = [f"{probe_accuracy(stacked[:, k].float(), labels):.2f}" for k in range(stacked.shape[1])]
             print(f"| {'asked property at ' * (rows is ALONG)}{question} | {common:.2f} | " + " | ".join(cells) + " |")
+    print("\n| full-attention layer | head most on the asked key | weight on the asked key | on the others | "
+          "lines where the asked key has more |")
+    print("|---|---:|---:|---:|---:|")
+    for layer, weights in enumerate(attention.transpose(0, 1)):  # [N, H, 2]
+        head = (weights[..., 0] - weights[..., 1]).mean(0).argmax().item()
+        right, other = weights[:, head, 0], weights[:, head, 1]
+        print(f"| {layer} | {head} | {right.mean():.3f} | {other.mean():.3f} | {(right > other).float().mean():.2f} |")
 
 
 if __name__ == "__main__":

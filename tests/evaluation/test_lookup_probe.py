@@ -24,7 +24,7 @@ def test_each_derived_line_gives_a_key_a_query_and_an_answer_at_the_right_tokens
     _, model, tokenizer = common.embedded_fp32(str(default_model_dir()))
     examples = eval_examples(6, seed=20, tasks=[get_task("joint")])
     with torch.inference_mode():
-        samples = probe.probe_samples(model.eval(), tokenizer, examples)
+        samples, attention = probe.probe_samples(model.eval(), tokenizer, examples)
     keys, queries, answers = (samples[q] for q in probe.QUESTIONS)
     lines = sum(sum(e.meta["derived"]) for e in examples)
     assert len(keys[1]) == len(queries[1]) == len(answers[1]) == lines > 0
@@ -41,6 +41,10 @@ def test_each_derived_line_gives_a_key_a_query_and_an_answer_at_the_right_tokens
     assert all(torch.equal(s[0], model.model.embed_tokens.weight[tokenizer.convert_tokens_to_ids(label)])
                for s, label in zip(*words))
     assert all(torch.equal(a, b) for a, b in zip(samples["before the condition"][0], queries[0]))
+    # each line's weights on the asked key and the other keys: one row per line, layer and head
+    heads = model.config.num_attention_heads
+    assert attention.shape == (lines, model.config.layer_types.count("full_attention"), heads, 2)
+    assert (attention >= 0).all() and (attention.sum(-1) <= 1 + 1e-5).all()
 
 
 def test_the_places_along_a_line_are_its_question_fact_line_and_rule():
