@@ -29,7 +29,10 @@ keyed copy in the response (joint's `line_rules: keyed`, `cleared: licensed and 
 from each of its tokens after the colon to its full stop, to the prompt's sentence that ends with
 its key (`Anyone who is licensed and rested is cleared.`), at the key word. There the embedded
 model's residual stream already holds the rule's conditions, and the keyed line holds the key just
-before them, yet no head of it looks from one to the other (`benchmarks/lookup_probe.py`).
+before them, yet no head of it looks from one to the other (`benchmarks/lookup_probe.py`). Measured
+from the embedded model, the heads learn to look at the prompt rules' property words, but at the
+asked one no more than at the others, and the copies get worse (BENCHMARKS.md, "Where joint's rule
+lookup fails").
 """
 
 from collections.abc import Sequence

@@ -228,7 +228,8 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
     model.to(device_for(dist, recipe.device))
     dataset, eval_fn = build_data(recipe, tokenizer, roles, model,
                                   lambda message: log_line(run_dir, dist, message, echo=True))
-    keys = joint_key_tokens(tokenizer) if recipe.train.copy_targets == "keys" else None
+    keyed = recipe.train.copy_attention and recipe.train.copy_targets == "keys"
+    keys = joint_key_tokens(tokenizer) if keyed else None
     if fit_minutes is not None:
         recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys)
     scales = grown_part_scales(model, recipe.model)

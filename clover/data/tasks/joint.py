@@ -62,7 +62,9 @@ the derivation line writes the rule it copies property first while the prompt ke
 property again just before the conditions, so the position that writes the first condition holds
 what the lookup matches (in the sentence form it is a question and a fact line back, and the embedded
 model's residual stream there does not hold it: ``benchmarks/lookup_probe.py``), while the prompt's
-rule still holds its conditions at its property word, where the lookup reads them.
+rule still holds its conditions at its property word, where the lookup reads them. Measured from
+the embedded model, both are then held and no head looks from one to the other: the rules are copied
+worse (BENCHMARKS.md, "Where joint's rule lookup fails").
 
 With ``derive="scan"`` (a training option; the default ``"lookup"`` writes the rule behind the
 property) a derived line copies the rules in prompt order up to and including the one behind the
