@@ -252,3 +252,19 @@ def test_mining_adds_the_hardest_half_of_each_tasks_pool(tmp_path, capsys):
     for _, n_kept, n_pool, floor, pool_mean, kept_mean in kept:
         assert int(n_kept) == round(int(n_pool) / 2) and 0 < int(n_pool) <= 8
         assert float(kept_mean) >= float(pool_mean) and float(kept_mean) >= float(floor)
+
+
+def test_key_supervision_trains_on_keyed_lines_end_to_end(tmp_path):
+    """`train.copy_targets: "keys"` with joint's keyed lines: the run finds the key tokens in its own
+    tokenizer and logs a positive copy loss on the steps that hold a keyed rule copy."""
+    data = _recipe(tmp_path)
+    data["data"].update(tasks=["joint"], task_options={"joint": {"line_rules": "keyed", "min_questions": 4}},
+                        max_response_len=240, thinking_fraction=1.0)  # every answer with its derivation lines
+    data["train"].update(copy_attention=0.1, copy_targets="keys")
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(data))
+    run = tmp_path / "run"
+    assert main(["train", str(recipe), "--output", str(run), "--no-progress"]) == 0
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "l_copy" in line]  # the training steps (not the final evaluation)
+    assert len(steps) == 3 and any(s["l_copy"] > 0 for s in steps)
