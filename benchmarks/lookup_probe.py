@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from clover.model.attention import attention_scores
+from clover.quantization.error import layer_outputs
 from clover.training.copy_attention import RecordedAttention
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -51,15 +52,9 @@ def token_at(offsets: list[tuple[int, int]], char: int) -> int:
 
 def residuals(model, ids: list[int]) -> torch.Tensor:
     """[L + 1, T, D]: the residual stream after the embedding and after each decoder layer."""
-    states = []
-    hooks = [model.model.embed_tokens.register_forward_hook(lambda m, i, out: states.append(out[0]))]
-    hooks += [layer.register_forward_hook(lambda m, i, out: states.append(out[0][0])) for layer in model.model.layers]
-    try:
-        model(torch.tensor([ids]))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return torch.stack(states)
+    input_ids = torch.tensor([ids])
+    outputs, _ = layer_outputs(model, input_ids)
+    return torch.stack([model.model.embed_tokens(input_ids).float(), *outputs])[:, 0]
 
 
 def line_positions(text: str, a: int) -> list[int]:
@@ -75,7 +70,8 @@ def key_weights(recorded: list[list], position: int, right: int, others: list[in
     """[A, H, 2]: each full-attention layer's heads' weight from `position` on the column `right` and on
     the columns `others` together, from one causal forward's recorded calls."""
     weights = []
-    for (query, keys, mask, _), *_ in recorded:
+    for calls in recorded:
+        query, keys, mask, _ = calls[0]  # one causal forward: one call per layer
         scores = attention_scores(query[:, :, position:position + 1], keys, mask[:, :, position:position + 1],
                                   query.shape[-1] ** -0.5)
         w = scores.softmax(-1)[0, :, 0]  # [H, S]
@@ -99,20 +95,21 @@ def probe_samples(model, tokenizer, examples) -> tuple[dict[str, tuple[list[torc
         with RecordedAttention(model) as recorded:
             stream = residuals(model, encoded.input_ids)
         rules_block = chat.prompt.split("Facts")[0]
-        conclusion = {m[2]: (m.start(2), m[1].split()[0]) for m in SENTENCE.finditer(rules_block)}
-        columns = {prop: token_at(offsets, where) for prop, (where, _) in conclusion.items()}
+        # each rule's property word: its token column, and the rule's first condition
+        conclusion = {m[2]: (token_at(offsets, m.start(2)), m[1].split()[0]) for m in SENTENCE.finditer(rules_block)}
         start = len(chat.prompt) + chat.answer.index(example.reasoning)
         for a, _, prop, _, place in rule_copies(example.reasoning):
             if not place.endswith("behind"):
                 continue
-            where, first = conclusion[prop]
+            column, first = conclusion[prop]
             along = [token_at(offsets, start + c) for c in line_positions(example.reasoning, a)]
             before = along[-1] = along[-1] - 1  # the position that writes the first condition
-            for question, position, label in (("key", columns[prop], first), ("query", before, prop),
+            for question, position, label in (("key", column, first), ("query", before, prop),
                                               ("answer", before, first), *zip(ALONG, along, [prop] * len(ALONG))):
                 samples[question][0].append(stream[:, position])
                 samples[question][1].append(label)
-            attention.append(key_weights(recorded, before, columns[prop], [c for p, c in columns.items() if p != prop]))
+            others = [c for p, (c, _) in conclusion.items() if p != prop]
+            attention.append(key_weights(recorded, before, column, others))
     return samples, torch.stack(attention)
 
 

@@ -11,7 +11,8 @@ class LayerError:
     relative: float  # ||y_q - y_f|| / ||y_f||
 
 
-def _layer_outputs(model, input_ids: torch.Tensor, **kwargs) -> tuple[list[torch.Tensor], torch.Tensor]:
+def layer_outputs(model, input_ids: torch.Tensor, **kwargs) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(each decoder layer's output [B, T, D], the logits), in fp32, from one forward without grad."""
     outputs = []
     hooks = [layer.register_forward_hook(lambda m, args, out: outputs.append(out[0].float()))
              for layer in model.model.layers]
@@ -28,8 +29,8 @@ def layer_errors(float_model, quantized_model, input_ids: torch.Tensor, **kwargs
     """Run both models on `input_ids` (extra kwargs, e.g. block_len, go to both forwards) and compare
     every decoder layer's output and the logits. Each layer sees its own model's inputs, so the
     errors accumulate down the stack, as they do in use."""
-    ref_layers, ref_logits = _layer_outputs(float_model, input_ids, **kwargs)
-    q_layers, q_logits = _layer_outputs(quantized_model, input_ids, **kwargs)
+    ref_layers, ref_logits = layer_outputs(float_model, input_ids, **kwargs)
+    q_layers, q_logits = layer_outputs(quantized_model, input_ids, **kwargs)
 
     def rel(a, b):
         return float((a - b).norm() / b.norm().clamp(min=1e-30))

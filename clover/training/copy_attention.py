@@ -93,33 +93,31 @@ def joint_key_tokens(tokenizer) -> KeyTokens:
         ids = tokenizer(text, add_special_tokens=False).input_ids
         return ids[0] if len(ids) == 1 else None
 
-    ids = {text: one_token(text) for text in (*DERIVED, ":", ".", ".\n")}
-    if missing := [text for text, i in ids.items() if i is None and text != ".\n"]:
+    required = {text: one_token(text) for text in (*DERIVED, ":", ".")}
+    if missing := [text for text, i in required.items() if i is None]:
         raise ValueError(f"copy_targets='keys' needs each of {missing} to be one token of the tokenizer")
-    stops = frozenset(i for text, i in ids.items() if text in (".", ".\n") and i is not None)
-    return KeyTokens(frozenset(ids[word] for word in DERIVED), ids[":"], stops)
+    stops = {required["."], one_token(".\n")} - {None}
+    return KeyTokens(frozenset(required[word] for word in DERIVED), required[":"], frozenset(stops))
 
 
 def key_sources(batch: Batch, tokens: KeyTokens) -> torch.Tensor:
     """[N, R] long: for each targeted response token of a keyed copy (after `key :`, to its full stop
     included), the prompt column of that key where it ends a prompt sentence (`... is cleared.`); -1
     for every other token, and for a key that ends no prompt sentence."""
-    out = torch.full(batch.response_ids.shape, -1, dtype=torch.long)
-    for n, (prompt, response) in enumerate(zip(batch.prompt_ids.tolist(), batch.response_ids.tolist())):
+    rows = []
+    for prompt, response in zip(batch.prompt_ids.tolist(), batch.response_ids.tolist()):
         ends = {t: c for c, (t, after) in enumerate(zip(prompt, prompt[1:]))
                 if t in tokens.keys and after in tokens.stops}
-        j = 0
-        while j < len(response) - 1:
-            if response[j] in ends and response[j + 1] == tokens.colon:
-                k = j + 2
-                while k < len(response):
-                    out[n, k] = ends[response[j]]
-                    if response[k] in tokens.stops:
-                        break
-                    k += 1
-                j = k
-            j += 1
-    return torch.where(batch.target_mask.cpu(), out, torch.full_like(out, -1)).to(batch.response_ids.device)
+        row, key = [-1] * len(response), None  # key: that of the copy being walked, if any
+        for j in range(2, len(response)):
+            if key is None and response[j - 1] == tokens.colon and response[j - 2] in ends:
+                key = response[j - 2]
+            if key is not None:
+                row[j] = ends[key]
+                key = None if response[j] in tokens.stops else key
+        rows.append(row)
+    out = torch.tensor(rows, dtype=torch.long, device=batch.response_ids.device).view_as(batch.response_ids)
+    return torch.where(batch.target_mask, out, torch.full_like(out, -1))
 
 
 class RecordedAttention:
