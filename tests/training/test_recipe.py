@@ -461,3 +461,16 @@ def test_the_keyed_lookups_run_is_the_keyed_lines_run_with_copy_supervision_on_t
     run, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in ("keyed_lookups_cpu", "keyed_lines_cpu"))
     assert run.model == control.model and run.tokenizer == control.tokenizer and run.data == control.data
     assert run.train == dataclasses.replace(control.train, steps=3000, copy_attention=0.1, copy_targets="keys")
+
+
+def test_the_lookup_head_runs_continue_the_keyed_lines_run_from_fitted_layers_at_a_lower_rate():
+    """The keyed-lines run's data and seeds, from checkpoints with a fitted lookup layer
+    (`benchmarks/lookup_head.py`), at lr 1e-4 for 2,500 (a) or 1,500 steps."""
+    control = load_recipe(ROOT / "recipes" / "keyed_lines_cpu.json")
+    for name, init, steps in (("lookup_head_a_cpu", "checkpoints/lookup-head", 2500),
+                              ("lookup_head_b_cpu", "checkpoints/lookup-head-b", 1500),
+                              ("lookup_head_facts_cpu", "checkpoints/lookup-head-facts", 1500)):
+        run = load_recipe(ROOT / "recipes" / f"{name}.json")
+        assert run.model == dataclasses.replace(control.model, init=init), name
+        assert run.tokenizer == control.tokenizer and run.data == control.data, name
+        assert run.train == dataclasses.replace(control.train, steps=steps, lr=1e-4), name
