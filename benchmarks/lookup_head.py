@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from clover.quantization.error import layer_outputs
 from clover.data.tasks.joint import BASE, DERIVED
 from clover.model.checkpoint_save import atomic_directory
+from clover.quantization.error import layer_outputs
 from clover.training.average import CARRIED_FILES
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -56,6 +56,7 @@ ALPHA = 3.0  # a key's code and mark, against 1 for the constant that every key 
 NORM_SCALE = 2.0  # the q/k norms' scale on the code and mark dims before the attention is trained
 BETA = 20.0  # the output columns' norm
 V_KEY_WEIGHT = 5000.0  # the value fit's weight on the keys against every other position
+WORD_WEIGHT = 20.0  # the key fit's weight on the derived words against every other position
 BASE_INDEX = {b: i for i, b in enumerate(BASE)}
 DERIVED_INDEX = {d: i for i, d in enumerate(DERIVED)}
 
@@ -72,7 +73,7 @@ def conditions(text: str) -> list[str]:
     return re.split(r", | and ", text)
 
 
-def collect(model, tokenizer, examples, layer: int, block: bool = True, seed: int = 0):
+def collect_rules(model, tokenizer, examples, layer: int, block: bool = True, seed: int = 0):
     """The rule lookup's samples (`gather`): the keys are the prompt rules' property words (label the
     property, values the rule's first and second condition, `none` the 7th second), the queries the
     positions of a keyed rule copy that write its first condition (role 0), ` ` or `.` after it (1)
@@ -191,9 +192,12 @@ def _logistic(x, y, steps):
 
 
 @torch.no_grad()
-def fit_layer(model, tokenizer, data, new: int, alpha: float = ALPHA, norm_scale: float = NORM_SCALE,
-              beta: float = BETA, report=print):
-    """Write the fitted heads into layer `new` (an attention layer whose writes are zero)."""
+def fit_rule_layer(model, tokenizer, data, new: int, alpha: float = ALPHA, norm_scale: float = NORM_SCALE,
+                   beta: float = BETA, report=print) -> list[float]:
+    """Fit the rule heads (`HEADS`; causal 0-2, block 4-6 where `data` has block rows) into layer
+    `new`, an attention layer whose writes are zero, from `collect_rules`' samples (see the module
+    docstring), then train their attention (`sharpen`, whose history this returns). Every other head
+    is left silent: zero queries, keys, values and outputs."""
     layer = model.model.layers[new]
     attn = layer.self_attn
     d = attn.head_dim
@@ -209,7 +213,7 @@ def fit_layer(model, tokenizer, data, new: int, alpha: float = ALPHA, norm_scale
     k_target[is_word, :4] = alpha * codes[word[is_word]]
     k_target[is_key, 4] = alpha
     k_target[:, 5] = 1.0
-    wk = ridge(h, k_target, torch.where(is_word, 20.0, 1.0))
+    wk = ridge(h, k_target, torch.where(is_word, WORD_WEIGHT, 1.0))
     k_fit = h @ wk.T
     report(f"key: code error on words {(k_fit[is_word, :4] - k_target[is_word, :4]).norm(dim=-1).mean():.3f}, "
            f"others {k_fit[~is_word, :4].norm(dim=-1).mean():.3f} (code norm {alpha}); mark on keys "
@@ -285,12 +289,17 @@ def fit_layer(model, tokenizer, data, new: int, alpha: float = ALPHA, norm_scale
         return sharpen(model, new, data, h, report)
 
 
+def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The q/k norm (`clover.model.norms.RMSNorm`, zero-centred weight) as a function of its weight."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + weight)
+
 
 def sharpen(model, new: int, data, h: torch.Tensor, report=print, epochs: int = 30, lr: float = 3e-3) -> list[float]:
     """Train the fitted heads' query and key projections (and the q/k norms) so that each query
-    position's attention lands on its asked rule's property word: the loss is minus the log of the
-    weight there, over each example's own causal positions, with the model's rotary embedding.
-    Returns each pass's mean weight on the asked key (measured as the pass goes)."""
+    position's attention lands on the key its label names (the asked rule's property word, the
+    pilot's fact line): the loss is minus the log of the weight there, over the causal positions the
+    query may see, with the model's rotary embedding. Returns each pass's mean weight on the named
+    key (measured as the pass goes)."""
     from clover.model.attention import apply_rotary
 
     attn = model.model.layers[new].self_attn
@@ -309,7 +318,6 @@ def sharpen(model, new: int, data, h: torch.Tensor, report=print, epochs: int = 
             target = keys[None] == data["query"][queries][:, None]  # [Q, T]
             allowed = torch.arange(len(keys))[None] < data["limit"][queries][:, None]
             jobs.append((causal.nonzero()[:, 0], queries, target, allowed))
-    rms = lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + w)  # noqa: E731
     history = []
     for epoch in range(epochs):
         total, right = 0.0, 0.0
@@ -448,7 +456,8 @@ def main() -> None:
     others = eval_examples(args.limit // 4, seed=args.seed, tasks=[get_task(n) for n in ("airspace", "record", "copy")])
     block = not args.causal_only
     if args.lookup == "rules":
-        fit_layer(model, tokenizer, collect(model, tokenizer, joint + others, new - 1, block), new, beta=args.beta)
+        data = collect_rules(model, tokenizer, joint + others, new - 1, block)
+        fit_rule_layer(model, tokenizer, data, new, beta=args.beta)
     else:
         data = collect_facts(model, tokenizer, joint + others, new - 1, block)
         fit_fact_layer(model, tokenizer, data, new, beta=args.beta)

@@ -54,7 +54,7 @@ def test_the_labels_sit_at_the_tokens_each_head_writes_and_the_fit_finds_the_ask
     model, tokenizer = _model()
     model, new = head.with_silent_layer(model)
     examples = eval_examples(16, seed=50, tasks=[get_task("joint", line_rules="keyed")])
-    data = head.collect(model, tokenizer, examples, layer=new - 1)
+    data = head.collect_rules(model, tokenizer, examples, layer=new - 1)
     assert len(data["x"]) == len(data["head"]) and data["x"].shape[1] == model.config.hidden_size
     causal = data["limit"] == data["pos"] + 1
     base_ids = {tokenizer(b, add_special_tokens=False).input_ids[0] for b in BASE}
@@ -71,7 +71,7 @@ def test_the_labels_sit_at_the_tokens_each_head_writes_and_the_fit_finds_the_ask
     block = ~causal & (data["head"] >= 0)
     assert block.any() and (data["head"][block] >= head.BLOCK_HEAD).all()
     assert (causal & (data["key"] >= 0)).sum() == sum(len(e.prompt.split("Facts")[0].splitlines()) - 1 for e in examples)
-    history = head.fit_layer(model, tokenizer, data, new, report=lambda _: None)
+    history = head.fit_rule_layer(model, tokenizer, data, new, report=lambda _: None)
     assert history[-1] > max(history[0], 0.6)  # two rules a prompt: 0.5 would be a coin toss between keys
 
 
