@@ -474,3 +474,10 @@ def test_the_lookup_head_runs_continue_the_keyed_lines_run_from_fitted_layers_at
         assert run.model == dataclasses.replace(control.model, init=init), name
         assert run.tokenizer == control.tokenizer and run.data == control.data, name
         assert run.train == dataclasses.replace(control.train, steps=steps, lr=1e-4), name
+
+
+def test_the_second_lookup_head_run_continues_run_a_on_fresh_data():
+    run, control = (load_recipe(ROOT / "recipes" / f"{n}.json") for n in ("lookup_head_a2_cpu", "lookup_head_a_cpu"))
+    assert run.model == dataclasses.replace(control.model, init=f"{control.output_dir}/final")
+    assert run.tokenizer == control.tokenizer and run.data == dataclasses.replace(control.data, seed=133)
+    assert run.train == dataclasses.replace(control.train, steps=1000, seed=133)
