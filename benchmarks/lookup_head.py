@@ -29,17 +29,16 @@ The result is a checkpoint with one more layer, to be trained on (`recipes/looku
     python benchmarks/lookup_head.py --model runs/keyed-lines/final --out checkpoints/lookup-head-b
 """
 
+import copy
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 
 from clover.data.tasks.joint import BASE, DERIVED
-from clover.model.checkpoint_save import atomic_directory
 from clover.quantization.error import layer_outputs
-from clover.training.average import CARRIED_FILES
+from clover.training.average import save_like
 
 sys.path.insert(0, str(Path(__file__).parent))
 from lookup_probe import token_at  # noqa: E402
@@ -47,7 +46,6 @@ from rule_lookups import SENTENCE, rule_copies  # noqa: E402
 
 HEADS = ("first", "count", "second")  # what each fitted head writes: condition 1, `.`-or-more, condition 2
 BLOCK_HEAD = 4  # causal positions use heads 0..2 (key-value heads 0, 0, 1), block positions 4..6 (2, 2, 3)
-KV_OF_HEAD = (0, 0, 1, 0, 2, 2, 3)
 FITTED = (0, 1, 2, 4, 5, 6)
 CODE_DIMS = (10, 22, 11, 23)  # the two slowest rotary pairs of a 24-dim head (rotate_half pairs i, i+12)
 MARK_DIM = 9  # the next slowest pair's first dim: where a rule ends
@@ -73,12 +71,37 @@ def conditions(text: str) -> list[str]:
     return re.split(r", | and ", text)
 
 
+def kv_of(attn, head: int) -> int:
+    """The key-value head that query head `head` of `attn` reads (grouped-query attention)."""
+    return head // (attn.num_heads // attn.num_kv_heads)
+
+
+def word_id(tokenizer, text: str) -> int:
+    """The token id of `text`, a word the tokenizer keeps whole."""
+    return tokenizer(text, add_special_tokens=False).input_ids[0]
+
+
+def unit_columns(vectors: torch.Tensor) -> torch.Tensor:
+    """[D, N]: the rows of `vectors` [N, D] scaled to unit norm, as columns."""
+    return torch.stack([v / v.norm() for v in vectors], 1)
+
+
+def fit_gate(h: torch.Tensor, positive: torch.Tensor, name: str, report) -> torch.Tensor:
+    """The output gate's weights [in] for one head: a logistic regression that opens it at the
+    `positive` rows of `h` only (reported as `name`)."""
+    gate = logistic(h, positive)
+    logits = h @ gate
+    report(f"gate {name}: positives {torch.sigmoid(logits[positive]).mean():.3f}, others above 0.5 "
+           f"{int((logits[~positive] > 0).sum())} of {int((~positive).sum())}")
+    return gate
+
+
 def collect_rules(model, tokenizer, examples, layer: int, block: bool = True, seed: int = 0):
     """The rule lookup's samples (`gather`): the keys are the prompt rules' property words (label the
     property, values the rule's first and second condition, `none` the 7th second), the queries the
     positions of a keyed rule copy that write its first condition (role 0), ` ` or `.` after it (1)
     and its second condition (2), labelled with the asked property; `word` marks every derived word."""
-    word_index = {tokenizer(w, add_special_tokens=False).input_ids[0]: i for i, w in enumerate(DERIVED)}
+    word_index = {word_id(tokenizer, w): i for i, w in enumerate(DERIVED)}
 
     def label(example, chat, ids, offsets):
         t = len(ids)
@@ -248,35 +271,29 @@ def fit_rule_layer(model, tokenizer, data, new: int, alpha: float = ALPHA, norm_
     q_rows = torch.zeros(attn.num_heads, 2 * d, h.shape[1])
     k_rows = torch.zeros(attn.num_kv_heads, d, h.shape[1])
     v_rows = torch.zeros(attn.num_kv_heads, d, h.shape[1])
-    for kv in sorted({KV_OF_HEAD[head] for head in fitted}):
+    for kv in sorted({kv_of(attn, head) for head in fitted}):
         k_rows[kv, code_dims] = wk[:4]
         k_rows[kv, MARK_DIM] = wk[4]
         k_rows[kv, CONST_DIM] = wk[5]
         v_rows[kv, :2 * n_base + 1] = wv
     o = torch.zeros(h.shape[1], attn.num_heads, d)
     emb = model.model.embed_tokens.weight.float()
-    base_ids = [tokenizer(b, add_special_tokens=False).input_ids[0] for b in BASE]
-    space, stop = (tokenizer(s, add_special_tokens=False).input_ids[0] for s in (" ", "."))
-    base_emb = emb[base_ids] - emb[base_ids].mean(0)
-    unit = lambda v: v / v.norm()  # noqa: E731
+    base_ids = [word_id(tokenizer, b) for b in BASE]
+    space, stop = (word_id(tokenizer, s) for s in (" ", "."))
+    conditions_out = beta * unit_columns(emb[base_ids] - emb[base_ids].mean(0))  # [hidden, 6]
+    more = unit_columns((emb[space] - emb[stop])[None])  # [hidden, 1]: ` ` against `.`
     for head in fitted:
         name, mode = HEADS[head % BLOCK_HEAD], "block" if head >= BLOCK_HEAD else "causal"
-        positive = data["head"] == head
-        gate = logistic(h, positive)
-        logits = h @ gate
-        report(f"gate {name}, {mode}: positives {torch.sigmoid(logits[positive]).mean():.3f}, others mean "
-               f"{torch.sigmoid(logits[~positive]).mean():.4f}, >0.5 {(logits[~positive] > 0).sum().item()}"
-               f" of {int((~positive).sum())}")
         q_rows[head, code_dims] = wq[mode][:4]
         q_rows[head, MARK_DIM] = wq[mode][4]
-        q_rows[head, d:] = gate
+        q_rows[head, d:] = fit_gate(h, data["head"] == head, f"{name}, {mode}", report)
         if name == "first":
-            o[:, head, :n_base] = beta * torch.stack([unit(e) for e in base_emb], 1)
+            o[:, head, :n_base] = conditions_out
         elif name == "count":
-            o[:, head, n_base:2 * n_base] = beta * unit(emb[space] - emb[stop])[:, None]
-            o[:, head, 2 * n_base] = beta * unit(emb[stop] - emb[space])
+            o[:, head, n_base:2 * n_base] = beta * more
+            o[:, head, 2 * n_base] = -beta * more[:, 0]
         else:
-            o[:, head, n_base:2 * n_base] = beta * torch.stack([unit(e) for e in base_emb], 1)
+            o[:, head, n_base:2 * n_base] = conditions_out
     attn.q_proj.weight.copy_(q_rows.reshape(-1, h.shape[1]))
     attn.k_proj.weight.copy_(k_rows.reshape(-1, h.shape[1]))
     attn.v_proj.weight.copy_(v_rows.reshape(-1, h.shape[1]))
@@ -289,11 +306,6 @@ def fit_rule_layer(model, tokenizer, data, new: int, alpha: float = ALPHA, norm_
         return sharpen(model, new, data, h, report)
 
 
-def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The q/k norm (`clover.model.norms.RMSNorm`, zero-centred weight) as a function of its weight."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + weight)
-
-
 def sharpen(model, new: int, data, h: torch.Tensor, report=print, epochs: int = 30, lr: float = 3e-3) -> list[float]:
     """Train the fitted heads' query and key projections (and the q/k norms) so that each query
     position's attention lands on the key its label names (the asked rule's property word, the
@@ -304,11 +316,11 @@ def sharpen(model, new: int, data, h: torch.Tensor, report=print, epochs: int = 
 
     attn = model.model.layers[new].self_attn
     d = attn.head_dim
-    wq = attn.q_proj.weight.view(attn.num_heads, 2 * d, -1)[:len(KV_OF_HEAD), :d].detach().clone().requires_grad_()
-    wk = attn.k_proj.weight.view(attn.num_kv_heads, d, -1)[:4].detach().clone().requires_grad_()
-    qn, kn = (n.weight.detach().clone().requires_grad_() for n in (attn.q_norm, attn.k_norm))
-    opt = torch.optim.Adam([wq, wk, qn, kn], lr=lr)
-    jobs = []
+    wq = attn.q_proj.weight.view(attn.num_heads, 2 * d, -1)[:, :d].detach().clone().requires_grad_()
+    wk = attn.k_proj.weight.view(attn.num_kv_heads, d, -1).detach().clone().requires_grad_()
+    q_norm, k_norm = copy.deepcopy(attn.q_norm), copy.deepcopy(attn.k_norm)  # trained, then copied back
+    opt = torch.optim.Adam([wq, wk, q_norm.weight, k_norm.weight], lr=lr)
+    jobs = []  # per example: its causal rows, its queries with their heads, key-value heads and rotary, targets
     for n in data["example"].unique().tolist():
         mine = data["example"] == n
         causal = mine & (data["limit"] == data["pos"] + 1)  # the causal rows, one per position, in order
@@ -317,19 +329,20 @@ def sharpen(model, new: int, data, h: torch.Tensor, report=print, epochs: int = 
             keys = data["key"][causal]
             target = keys[None] == data["query"][queries][:, None]  # [Q, T]
             allowed = torch.arange(len(keys))[None] < data["limit"][queries][:, None]
-            jobs.append((causal.nonzero()[:, 0], queries, target, allowed))
+            heads = data["head"][queries]
+            cos, sin = model.model.rotary_emb(torch.arange(len(keys))[None], h.dtype)  # [1, T, R]
+            at = data["pos"][queries]
+            jobs.append((causal.nonzero()[:, 0], queries, heads, heads // (attn.num_heads // attn.num_kv_heads),
+                         (cos, sin), (cos[:, at], sin[:, at]), target, allowed))
     history = []
     for epoch in range(epochs):
         total, right = 0.0, 0.0
-        for columns, queries, target, allowed in jobs:
-            heads = data["head"][queries]
-            cos, sin = model.model.rotary_emb(torch.arange(len(columns))[None], h.dtype)
-            k = rms(torch.einsum("hdc,tc->htd", wk, h[columns]), kn)  # [4, T, D]
-            k = apply_rotary(k[None], cos, sin)[0]
-            q = rms(torch.einsum("qdc,qc->qd", wq[heads], h[queries]), qn)  # [Q, D]
-            qc, qs = cos[0, data["pos"][queries]], sin[0, data["pos"][queries]]
-            q = apply_rotary(q[None, None], qc[None], qs[None])[0, 0]
-            ks = k[torch.tensor(KV_OF_HEAD)[heads]]  # [Q, T, D]
+        for columns, queries, heads, kvs, key_rotary, query_rotary, target, allowed in jobs:
+            k = k_norm(torch.einsum("hdc,tc->htd", wk, h[columns]))  # [H_kv, T, D]
+            k = apply_rotary(k[None], *key_rotary)[0]
+            q = q_norm(torch.einsum("qdc,qc->qd", wq[heads], h[queries]))  # [Q, D]
+            q = apply_rotary(q[None, None], *query_rotary)[0, 0]
+            ks = k[kvs]  # [Q, T, D]
             scores = torch.einsum("qd,qtd->qt", q, ks) * d ** -0.5
             logp = scores.masked_fill(~allowed, float("-inf")).log_softmax(-1)
             loss = -torch.logsumexp(logp.masked_fill(~target, float("-inf")), -1).mean()
@@ -344,10 +357,10 @@ def sharpen(model, new: int, data, h: torch.Tensor, report=print, epochs: int = 
             report(f"sharpen epoch {epoch + 1}: loss {total / n:.3f}, weight on the asked key {right / n:.3f}")
     with torch.no_grad():
         q_view = attn.q_proj.weight.view(attn.num_heads, 2 * d, -1)
-        q_view[:len(KV_OF_HEAD), :d] = wq
-        attn.k_proj.weight.view(attn.num_kv_heads, d, -1)[:4] = wk
-        attn.q_norm.weight.copy_(qn)
-        attn.k_norm.weight.copy_(kn)
+        q_view[:, :d] = wq
+        attn.k_proj.weight.copy_(wk.reshape(attn.k_proj.weight.shape))
+        attn.q_norm.weight.copy_(q_norm.weight)
+        attn.k_norm.weight.copy_(k_norm.weight)
     return history
 
 
@@ -399,33 +412,29 @@ def fit_fact_layer(model, tokenizer, data, new: int, beta: float = BETA, report=
     h = layer.input_layernorm(data["x"]).float()
     is_key = data["key"] >= 0
     wv = ridge(h[is_key], data["value"][is_key], lam=1e-3)  # the attention is sharp: the keys alone
-    fitted = (h[is_key] @ wv.T) > 0.5
-    report(f"value: the pilot's whole set right {(fitted == data['value'][is_key].bool()).all(-1).float().mean():.3f}"
+    held = (h[is_key] @ wv.T) > 0.5
+    report(f"value: the pilot's whole set right {(held == data['value'][is_key].bool()).all(-1).float().mean():.3f}"
            f" of {int(is_key.sum())} fact lines")
     v_rows = attn.v_proj.weight.view(attn.num_kv_heads, d, hidden)
     v_rows.zero_()
     fitted = [head for head in (0, 1, BLOCK_HEAD, BLOCK_HEAD + 1) if (data["head"] == head).any()]
-    for kv in sorted({KV_OF_HEAD[head] for head in fitted}):
+    for kv in sorted({kv_of(attn, head) for head in fitted}):
         v_rows[kv, :len(BASE) + 1] = wv
     emb = model.model.embed_tokens.weight.float()
-    token = {w: tokenizer(w, add_special_tokens=False).input_ids[0] for w in (*BASE, "is", "has")}
-    base_emb = emb[[token[b] for b in BASE]] - emb[[token[b] for b in BASE]].mean(0)
-    unit = lambda v: v / v.norm()  # noqa: E731
+    base_ids = [word_id(tokenizer, b) for b in BASE]
+    properties_out = beta * unit_columns(emb[base_ids] - emb[base_ids].mean(0))  # [hidden, 6]
+    has = unit_columns((emb[word_id(tokenizer, "has")] - emb[word_id(tokenizer, "is")])[None])  # [hidden, 1]
     q_rows = attn.q_proj.weight.view(attn.num_heads, 2 * d, hidden)
     o = torch.zeros(hidden, attn.num_heads, d)
     for head in fitted:
         role = FACT_ROLES[head % BLOCK_HEAD]
-        positive = data["head"] == head
-        gate = logistic(h, positive)
-        report(f"gate {role}, {'block' if head >= BLOCK_HEAD else 'causal'}: positives "
-               f"{torch.sigmoid(h[positive] @ gate).mean():.3f}, others above 0.5 {int((h[~positive] @ gate > 0).sum())}"
-               f" of {int((~positive).sum())}")
-        q_rows[head, d:] = gate
+        q_rows[head, d:] = fit_gate(h, data["head"] == head,
+                                    f"{role}, {'block' if head >= BLOCK_HEAD else 'causal'}", report)
         if role == "property":
-            o[:, head, :len(BASE)] = beta * torch.stack([unit(e) for e in base_emb], 1)
+            o[:, head, :len(BASE)] = properties_out
         else:
-            o[:, head, :len(BASE)] = beta / 2 * unit(emb[token["is"]] - emb[token["has"]])[:, None]
-            o[:, head, len(BASE)] = beta * unit(emb[token["has"]] - emb[token["is"]])
+            o[:, head, :len(BASE)] = -beta / 2 * has
+            o[:, head, len(BASE)] = beta * has[:, 0]
     attn.o_proj.weight.copy_(o.reshape(hidden, -1))
     with torch.enable_grad():
         return sharpen(model, new, data, h, report, epochs=epochs)
@@ -461,11 +470,7 @@ def main() -> None:
     else:
         data = collect_facts(model, tokenizer, joint + others, new - 1, block)
         fit_fact_layer(model, tokenizer, data, new, beta=args.beta)
-    with atomic_directory(args.out) as tmp:
-        model.save_pretrained(tmp)
-        for name in CARRIED_FILES:
-            if (Path(args.model) / name).is_file():
-                shutil.copy2(Path(args.model) / name, tmp / name)
+    save_like(model, args.model, args.out)
     print(f"wrote {args.out}: {args.model} with a fitted {args.lookup} lookup layer at index {new}")
 
 

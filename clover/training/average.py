@@ -66,8 +66,14 @@ def average_checkpoints(sources: list[str | Path], dst: str | Path, base: str | 
     stored = model.dtype
     model.float()  # the mean is taken and loaded in fp32, then stored in the base's dtype
     model.load_state_dict(mean_state(model.state_dict(), sources), strict=True)
+    return save_like(model.to(stored), base, dst)
+
+
+def save_like(model, base: str | Path, dst: str | Path) -> Path:
+    """Write `model` as a checkpoint folder `dst` that carries `base`'s tokenizer and generation
+    defaults (`CARRIED_FILES`); written whole or not at all."""
     with atomic_directory(dst) as tmp:
-        model.to(stored).save_pretrained(tmp)
+        model.save_pretrained(tmp)
         for name in CARRIED_FILES:
             if (Path(base) / name).is_file():
                 shutil.copy2(Path(base) / name, tmp / name)
