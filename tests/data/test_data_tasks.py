@@ -224,6 +224,27 @@ def test_joint_min_people_puts_more_pilots_in_a_prompt():
         get_task("joint", min_people=4)
 
 
+def test_joint_hard_verdicts_redraws_until_the_fact_lines_length_misleads():
+    """`hard_verdicts=1` gives every prompt a derived question whose answer its fact line's length does
+    not give (yes from one stated property, no from two), still scored as before; at 0 the draws are
+    the default's; a share outside 0..1 is refused with the range named."""
+    def misleads(ex):
+        return [d and a != (n >= 2) for d, a, n in zip(*(ex.meta[k] for k in ("derived", "answers", "stated")))]
+    hard, plain = get_task("joint", hard_verdicts=1.0, balanced=True), get_task("joint", balanced=True)
+    for seed in range(100):
+        ex = hard.generate(seed, "train")
+        assert any(misleads(ex)) and hard.score(ex, ex.answer)["correct"]
+        facts = dict(line.split(" is ", 1) if " is " in line else (line.split(" has ")[0], "")
+                     for line in _fact_lines(ex.prompt))
+        assert ex.meta["stated"] == [len(re.split(", | and ", facts[q.split()[2]])) if facts[q.split()[2]] else 0
+                                     for q in ex.prompt.split("Questions:\n")[1].splitlines()[:-1]]
+    assert not all(any(misleads(plain.generate(seed, "train"))) for seed in range(100))
+    default = get_task("joint", hard_verdicts=0.0)
+    assert all(default.generate(s, "eval").prompt == get_task("joint").generate(s, "eval").prompt for s in range(20))
+    with pytest.raises(ValueError, match="hard_verdicts is a share of prompts, 0..1, got 1.5"):
+        get_task("joint", hard_verdicts=1.5)
+
+
 @pytest.mark.parametrize("layout", ["listed", "paired", "signed", "signed_all"])
 def test_joint_checks_write_each_condition_against_the_fact_line(layout):
     """With `checks`, each line checks the asked property (or the rule's conditions, in order) against

@@ -90,6 +90,14 @@ is yes or no with equal odds, whatever the pilot's fact line holds. Drawn unifor
 asked of a pilot with one stated property is "no" two times in three, and with two "yes" two times
 in three, so a model can answer by the length of the fact line instead of checking it.
 
+With ``hard_verdicts`` (a training option, 0 by default) that share of prompts is redrawn until one of
+its derived questions has the answer a fact line's length does not give: "yes" from a pilot with one
+stated property (the rule's one condition), or "no" from one with two (a condition missing). Balanced
+or not, these are about one derived question in four (one in two at ``hard_verdicts=0.5``), and the
+models of the keyed-rule lineage answer them by the length: "no" to one stated property, "yes" to two
+(``joint_errors.py --teacher-forced``).
+At 0 the draws are exactly those from before the option existed.
+
 Answer: one line ``1:yes 2:no 3:yes``. Scoring parses ``<n>:yes|no`` pairs (first
 occurrence of each number counts): ``item_accuracy`` = right items / questions,
 ``correct`` iff every item is right and no other numbers were answered.
@@ -130,7 +138,8 @@ class JointTask(Task):
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
                  chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: str = "",
                  facts: str = "stated", rules: str = "sentence", ask_derived: bool = True,
-                 min_people: int = 1, derive: str = "lookup", line_rules: str | None = None):
+                 min_people: int = 1, derive: str = "lookup", line_rules: str | None = None,
+                 hard_verdicts: float = 0.0):
         if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
             raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
                              f"got {min_questions}..{max_questions}")
@@ -150,6 +159,11 @@ class JointTask(Task):
         for option, form in (("rules", rules), ("line_rules", line_rules)):
             if form not in RULE_FORMS:
                 raise ValueError(f"{option}={form!r} must be one of {RULE_FORMS}")
+        if not 0.0 <= hard_verdicts <= 1.0:
+            raise ValueError(f"hard_verdicts is a share of prompts, 0..1, got {hard_verdicts}")
+        if hard_verdicts and not (ask_derived and reasoning):
+            raise ValueError(f"hard_verdicts redraws for derived questions answered in a derivation: it needs "
+                             f"ask_derived=True and reasoning=True, got {ask_derived} and {reasoning}")
         if derive not in DERIVATIONS:
             raise ValueError(f"derive={derive!r} must be one of {DERIVATIONS}")
         if "keyed" in (rules, line_rules, facts) and checks:
@@ -169,8 +183,16 @@ class JointTask(Task):
         self.ask_derived = ask_derived  # else every question asks a base property
         self.min_people = min_people  # pilots in a prompt: at least this many (and enough for the questions)
         self.derive = derive
+        self.hard_verdicts = hard_verdicts  # share of prompts redrawn until a verdict defies the fact line's length
 
     def sample(self, rng: random.Random) -> Example:
+        hard = self.hard_verdicts and rng.random() < self.hard_verdicts  # no draw at 0: defaults unchanged
+        example = self._draw(rng)
+        while hard and not any(_length_misleads(example)):
+            example = self._draw(rng)
+        return example
+
+    def _draw(self, rng: random.Random) -> Example:
         base = rng.sample(BASE, 3)
         rules = draw_rules(rng, base, self.max_rules, self.chain)
         props = base + [d for d, _ in rules]
@@ -191,10 +213,12 @@ class JointTask(Task):
         prompt = render(rules, people, facts, base, questions, self.facts, self.rules)
         answer = " ".join(f"{k}:{_yn(a)}" for k, a in enumerate(answers, 1))
         derived = [prop in dict(rules) for _, prop in questions]
+        stated = [len(facts[p]) for p, _ in questions]
         reasoning = "\n".join(
             self._derivation_line(k, p, prop, a, facts[p], base, rules)
             for k, ((p, prop), a) in enumerate(zip(questions, answers), 1)) if self.reasoning else ""
-        return Example(prompt, answer, self.name, {"answers": answers, "derived": derived}, reasoning)
+        return Example(prompt, answer, self.name, {"answers": answers, "derived": derived, "stated": stated},
+                       reasoning)
 
     def _derivation_line(self, k: int, pilot: str, prop: str, answer: bool, held: set[str],
                          base: list[str], rules: list[Rule]) -> str:
@@ -243,6 +267,14 @@ def field_spans(example: Example) -> list[tuple[str, int, int]]:
     derived = example.meta.get("derived", [False] * len(example.meta["answers"]))
     return [("derived" if is_derived else "fact", m.start(2), m.end(2))
             for m, is_derived in zip(_PAIR.finditer(example.answer), derived)]
+
+
+def _length_misleads(example: Example) -> list[bool]:
+    """Per question: a derived verdict other than the fact line's length suggests (yes from two or
+    more stated properties, no from fewer)."""
+    meta = example.meta
+    return [derived and answer != (stated >= 2)
+            for derived, answer, stated in zip(meta["derived"], meta["answers"], meta["stated"])]
 
 
 def _balanced_pairs(rng: random.Random, every: list[tuple[int, int]], holds, n_base: int,
