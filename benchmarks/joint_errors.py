@@ -15,7 +15,18 @@ target derivation:
 
     python benchmarks/joint_errors.py --limit 40 --seed 1
 
-Prints the first wrong line of each wrong answer and a table of the kinds per decoding mode.
+Prints the first wrong line of each wrong answer and a table of the kinds per decoding mode, then the
+wrong fact lines by how they differ from the right one:
+
+  pilot      another pilot's name
+  answer     only words that decide the answer added or dropped: the asked property, or the
+             conditions of the rule behind it
+  other      any other property added or dropped
+
+A copy that slips at random would touch an answer word one time in three for a base question (one
+of the three base properties) and two times in three for a derived one with two conditions (the
+split prints those odds for the lines counted); more than that, and the answer being decided leaks
+into the copy.
 
 With `--teacher-forced` it decodes nothing: one pass per prompt over the target derivation (the clean
 prefix given) tells, for each part, the share of its tokens the model predicts right (argmax) and
@@ -92,9 +103,37 @@ def stated(line: str) -> int:
     """How many properties the pilot's fact line in a derivation line states (`Kim is a and b.`, or
     the roster's `Kim: a=yes, b=yes, c=no.`: 2)."""
     fact = line_parts(line)[1]
-    if "=" in fact:
-        return fact.count("=yes")
-    return 0 if fact.endswith(("has none of these", ": none")) else fact.count(",") + fact.count(" and ") + 1
+    return fact.count("=yes") if "=" in fact else len(fact_words(fact)[1])
+
+
+FACT_SPLIT = ("pilot", "answer", "other")
+
+
+def fact_words(fact: str) -> tuple[str, set[str]]:
+    """`(pilot, properties)` of a fact line: `Kim is a, b and c`, `Kim: a and b`, `Kim has none of these`."""
+    name, _, rest = fact.replace(":", " is", 1).partition(" ")
+    if rest.startswith("has none") or rest.endswith("none"):
+        return name, set()
+    return name, set(rest.removeprefix("is ").replace(",", " and").split(" and ")) - {""}
+
+
+def answer_words(line: str) -> set[str]:
+    """The words that decide a derivation line's answer: the asked property, or the conditions of the
+    rule written right after the fact line (`Anyone who is a and b is d.` or `d: a and b.`)."""
+    question, _, rules, _, _ = line_parts(line)
+    if not rules:
+        return {question.rsplit(" ", 1)[-1]}
+    first = rules.split(".")[0]
+    conditions = first.split(": ", 1)[1] if ": " in first else first.removeprefix("Anyone who is ").rsplit(" is ", 1)[0]
+    return set(conditions.replace(",", " and").split(" and "))
+
+
+def fact_error(got: str, want: str) -> str:
+    """How a wrong fact line differs from the right one (`FACT_SPLIT`)."""
+    (name, words), (right_name, right_words) = (fact_words(line_parts(x)[1]) for x in (got, want))
+    if name != right_name:
+        return "pilot"
+    return "answer" if words ^ right_words <= answer_words(want) else "other"
 
 
 def teacher_forced_table(model, tokenizer, examples) -> list[str]:
@@ -162,17 +201,24 @@ def main() -> None:
     if probe is None:
         return
     args, task, examples, decoded = probe
-    table = {}
+    table, facts = {}, {}
     for mode, summary in decoded.items():
         kinds = table[mode] = Counter()
+        facts[mode] = Counter()
         for example, text in zip(examples, summary.texts):
             if task.score(example, text)["correct"]:
                 continue
             kind, got, want = first_error(text, example.reasoning)
             kinds[kind] += 1
+            if kind == "fact":
+                facts[mode][fact_error(got, want)] += 1
+                facts[mode]["odds"] += len(answer_words(want)) / 3
             if not args.quiet:
                 print(f"{mode} {kind}:\n  got:    {got}\n  target: {want}")
     print("\n" + "\n".join(kinds_table(table, len(examples), KINDS, 10)))
+    print(f"\n{'wrong fact lines':<18}" + "".join(f"{k:>8}" for k in FACT_SPLIT) + "  answer by chance")
+    for mode, counts in facts.items():
+        print(f"{mode:<18}" + "".join(f"{counts[k]:>8}" for k in FACT_SPLIT) + f"{counts['odds']:>18.1f}")
 
 
 if __name__ == "__main__":

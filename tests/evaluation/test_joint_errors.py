@@ -121,3 +121,20 @@ def test_stated_counts_the_properties_of_a_fact_line():
     assert joint_errors.stated(roster_line) == 2
     assert joint_errors.stated("1. Is Kim cleared? Kim: licensed and rested. cleared: rested. yes") == 2
     assert joint_errors.stated("1. Is Kim insured? Kim: none. no") == 0
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_wrong_fact_line_is_told_apart_by_the_words_it_changes(keyed):
+    """Another pilot's line, only the answer's words (the asked property, or the rule's conditions)
+    added or dropped, or any other property."""
+    rule = "cleared: licensed and rested." if keyed else "Anyone who is licensed and rested is cleared."
+    want = f"2. Is Kim cleared? Kim is rested and insured. {rule} no"
+    assert joint_errors.answer_words(want) == {"licensed", "rested"}
+    for fact, kind in (("Ivy is rested and insured", "pilot"), ("Kim is licensed, rested and insured", "answer"),
+                       ("Kim is insured", "answer"), ("Kim has none of these", "other"),
+                       ("Kim is rested", "other"), ("Kim is trained, rested and insured", "other")):
+        assert joint_errors.fact_error(want.replace("Kim is rested and insured", fact), want) == kind, fact
+    base = "1. Is Kim insured? Kim is licensed, insured and rested. yes"
+    assert joint_errors.answer_words(base) == {"insured"}
+    assert joint_errors.fact_error("1. Is Kim insured? Kim is licensed and rested. no", base) == "answer"
+    assert joint_errors.fact_words("Kim: none") == ("Kim", set())
