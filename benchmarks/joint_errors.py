@@ -121,11 +121,15 @@ def answer_words(line: str) -> set[str]:
     """The words that decide a derivation line's answer: the asked property, or the conditions of the
     rule written right after the fact line (`Anyone who is a and b is d.` or `d: a and b.`)."""
     question, _, rules, _, _ = line_parts(line)
-    if not rules:
-        return {question.rsplit(" ", 1)[-1]}
+    return set(rule_conditions(rules)) if rules else {question.rsplit(" ", 1)[-1]}
+
+
+def rule_conditions(rules: str) -> list[str]:
+    """The conditions, in order, of the first rule in a line's rule part (`Anyone who is a and b is d.`
+    or `d: a and b.`)."""
     first = rules.split(".")[0]
     conditions = first.split(": ", 1)[1] if ": " in first else first.removeprefix("Anyone who is ").rsplit(" is ", 1)[0]
-    return set(conditions.replace(",", " and").split(" and "))
+    return conditions.replace(",", " and").split(" and ")
 
 
 def fact_error(got: str, want: str) -> str:

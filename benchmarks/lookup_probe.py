@@ -114,9 +114,10 @@ def probe_samples(model, tokenizer, examples) -> tuple[dict[str, tuple[list[torc
 
 
 def probe_accuracy(features: torch.Tensor, labels: list[str], train_share: float = 0.75,
-                   steps: int = 300) -> float:
+                   steps: int = 300, scored: list[bool] | None = None) -> float:
     """Held-out accuracy of a softmax regression from `features` [N, D] to `labels`, fitted on the
-    first `train_share` of the samples (standardized by the fitted part's statistics)."""
+    first `train_share` of the samples (standardized by the fitted part's statistics); with `scored`
+    (a flag per sample), only the held-out samples flagged count."""
     classes = sorted(set(labels))
     y = torch.tensor([classes.index(label) for label in labels])
     n = int(len(labels) * train_share)
@@ -128,22 +129,30 @@ def probe_accuracy(features: torch.Tensor, labels: list[str], train_share: float
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(probe(x[:n]), y[:n]).backward()
         optimizer.step()
+    keep = torch.ones(len(labels), dtype=torch.bool) if scored is None else torch.tensor(scored)
     with torch.no_grad():
-        return (probe(x[n:]).argmax(-1) == y[n:]).float().mean().item()
+        return (probe(x[n:]).argmax(-1) == y[n:])[keep[n:]].float().mean().item()
 
 
-def main() -> None:
+def joint_probe_inputs(doc: str):
+    """(args, path, model in eval mode, tokenizer, joint examples) for a probe of joint's derivation
+    lines: the embedded probe's options plus --line-rules, 400 prompts of seed 20 by default."""
     from clover.data import eval_examples, get_task
 
-    parser = embedded_probe_parser(__doc__, limit=400, limit_help="joint prompts", seed=20)
+    parser = embedded_probe_parser(doc, limit=400, limit_help="joint prompts", seed=20)
     parser.add_argument("--line-rules", choices=("sentence", "keyed"), default="sentence",
                         help="the form of the rules joint's lines write (the prompt keeps its sentences)")
     args = parser.parse_args()
     path, model, tokenizer = load_probe_model(args)
     torch.manual_seed(0)
     examples = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint", line_rules=args.line_rules)])
+    return args, path, model.eval(), tokenizer, examples
+
+
+def main() -> None:
+    args, path, model, tokenizer, examples = joint_probe_inputs(__doc__)
     with torch.inference_mode():
-        samples, attention = probe_samples(model.eval(), tokenizer, examples)
+        samples, attention = probe_samples(model, tokenizer, examples)
     n = len(samples["key"][1])
     print(f"model {path}, {args.limit} joint prompts of seed {args.seed}: {n} derived lines, "
           f"probes fitted on the first 3/4, held-out accuracy\n")
