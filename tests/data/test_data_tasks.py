@@ -243,6 +243,8 @@ def test_joint_hard_verdicts_redraws_until_the_fact_lines_length_misleads():
     assert all(default.generate(s, "eval").prompt == get_task("joint").generate(s, "eval").prompt for s in range(20))
     with pytest.raises(ValueError, match="hard_verdicts is a share of prompts, 0..1, got 1.5"):
         get_task("joint", hard_verdicts=1.5)
+    with pytest.raises(ValueError, match="needs ask_derived=True, got hard_verdicts=0.5 with ask_derived=False"):
+        get_task("joint", hard_verdicts=0.5, ask_derived=False)
 
 
 @pytest.mark.parametrize("layout", ["listed", "paired", "signed", "signed_all"])

@@ -161,9 +161,9 @@ class JointTask(Task):
                 raise ValueError(f"{option}={form!r} must be one of {RULE_FORMS}")
         if not 0.0 <= hard_verdicts <= 1.0:
             raise ValueError(f"hard_verdicts is a share of prompts, 0..1, got {hard_verdicts}")
-        if hard_verdicts and not (ask_derived and reasoning):
-            raise ValueError(f"hard_verdicts redraws for derived questions answered in a derivation: it needs "
-                             f"ask_derived=True and reasoning=True, got {ask_derived} and {reasoning}")
+        if hard_verdicts and not ask_derived:
+            raise ValueError(f"hard_verdicts redraws until a derived question misleads: it needs ask_derived=True, "
+                             f"got hard_verdicts={hard_verdicts} with ask_derived=False")
         if derive not in DERIVATIONS:
             raise ValueError(f"derive={derive!r} must be one of {DERIVATIONS}")
         if "keyed" in (rules, line_rules, facts) and checks:
