@@ -46,6 +46,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from clover.data import format_chat
+from clover.data.tasks.joint import split_joined
 from clover.evaluation.field_loss import teacher_forced
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -114,7 +115,7 @@ def fact_words(fact: str) -> tuple[str, set[str]]:
     name, _, rest = fact.replace(":", " is", 1).partition(" ")
     if rest.startswith("has none") or rest.endswith("none"):
         return name, set()
-    return name, set(rest.removeprefix("is ").replace(",", " and").split(" and ")) - {""}
+    return name, set(split_joined(rest.removeprefix("is "))) - {""}
 
 
 def answer_words(line: str) -> set[str]:
@@ -129,7 +130,7 @@ def rule_conditions(rules: str) -> list[str]:
     or `d: a and b.`)."""
     first = rules.split(".")[0]
     conditions = first.split(": ", 1)[1] if ": " in first else first.removeprefix("Anyone who is ").rsplit(" is ", 1)[0]
-    return conditions.replace(",", " and").split(" and ")
+    return split_joined(conditions)
 
 
 def fact_error(got: str, want: str) -> str:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from clover.data.tasks.joint import BASE, DERIVED
+from clover.data.tasks.joint import BASE, DERIVED, split_joined
 from clover.quantization.error import layer_outputs
 from clover.training.average import save_like
 
@@ -67,12 +67,9 @@ def simplex(n: int) -> torch.Tensor:
     return codes / codes.norm(dim=-1, keepdim=True)
 
 
-def conditions(text: str) -> list[str]:
-    return re.split(r", | and ", text)
-
-
 def kv_of(attn, head: int) -> int:
-    """The key-value head that query head `head` of `attn` reads (grouped-query attention)."""
+    """The key-value head that query head `head` of `attn` reads (grouped-query attention); `head` may
+    be a tensor of heads."""
     return head // (attn.num_heads // attn.num_kv_heads)
 
 
@@ -111,13 +108,13 @@ def collect_rules(model, tokenizer, examples, layer: int, block: bool = True, se
         if example.task == "joint":
             for m in SENTENCE.finditer(chat.prompt.split("Facts")[0]):
                 k = token_at(offsets, m.start(2))
-                conds = conditions(m[1])
+                conds = split_joined(m[1])
                 labels["key"][k] = DERIVED_INDEX[m[2]]
                 labels["first"][k] = BASE_INDEX[conds[0]]
                 labels["second"][k] = BASE_INDEX[conds[1]] if len(conds) > 1 else len(BASE_INDEX)
             start = len(chat.prompt) + chat.answer.index(example.reasoning)
             for a, b, prop, _, _ in rule_copies(example.reasoning):
-                conds = conditions(example.reasoning[a:b - 1])
+                conds = split_joined(example.reasoning[a:b - 1])
                 places = [token_at(offsets, start + a), token_at(offsets, start + a + len(conds[0]))]
                 if len(conds) > 1:
                     places.append(token_at(offsets, start + a + len(conds[0]) + len(" and ")))
@@ -195,13 +192,9 @@ def ridge(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None, 
     return torch.linalg.solve(a, xw.T @ y).T
 
 
+@torch.enable_grad()
 def logistic(x: torch.Tensor, y: torch.Tensor, steps: int = 400) -> torch.Tensor:
     """w [in] of a logistic regression without bias (positives up-weighted to balance)."""
-    with torch.enable_grad():
-        return _logistic(x, y, steps)
-
-
-def _logistic(x, y, steps):
     w = torch.zeros(x.shape[1], requires_grad=True)
     pos = y.float().mean()
     weight = torch.where(y, 0.5 / pos, 0.5 / (1 - pos))
@@ -302,10 +295,10 @@ def fit_rule_layer(model, tokenizer, data, new: int, alpha: float = ALPHA, norm_
     attn.k_norm.weight.zero_()
     attn.q_norm.weight[code_dims + [MARK_DIM]] = norm_scale - 1
     attn.k_norm.weight[code_dims + [MARK_DIM]] = norm_scale - 1
-    with torch.enable_grad():
-        return sharpen(model, new, data, h, report)
+    return sharpen(model, new, data, h, report)
 
 
+@torch.enable_grad()
 def sharpen(model, new: int, data, h: torch.Tensor, report=print, epochs: int = 30, lr: float = 3e-3) -> list[float]:
     """Train the fitted heads' query and key projections (and the q/k norms) so that each query
     position's attention lands on the key its label names (the asked rule's property word, the
@@ -332,7 +325,7 @@ def sharpen(model, new: int, data, h: torch.Tensor, report=print, epochs: int = 
             heads = data["head"][queries]
             cos, sin = model.model.rotary_emb(torch.arange(len(keys))[None], h.dtype)  # [1, T, R]
             at = data["pos"][queries]
-            jobs.append((causal.nonzero()[:, 0], queries, heads, heads // (attn.num_heads // attn.num_kv_heads),
+            jobs.append((causal.nonzero()[:, 0], queries, heads, kv_of(attn, heads),
                          (cos, sin), (cos[:, at], sin[:, at]), target, allowed))
     history = []
     for epoch in range(epochs):
@@ -383,7 +376,7 @@ def collect_facts(model, tokenizer, examples, layer: int, block: bool = True, se
             for m in FACT_LINE.finditer(chat.prompt, chat.prompt.index("Facts"), chat.prompt.index("Questions:")):
                 stop = token_at(offsets, m.end() - 1)
                 pilots[m[1]] = key[stop] = len(pilots)
-                for prop in conditions(m[2]) if m[2] else []:
+                for prop in split_joined(m[2]) if m[2] else []:
                     value[stop, BASE_INDEX[prop]] = 1.0
                 value[stop, len(BASE)] = float(not m[2])
             start = len(chat.prompt) + chat.answer.index(example.reasoning)
@@ -436,8 +429,7 @@ def fit_fact_layer(model, tokenizer, data, new: int, beta: float = BETA, report=
             o[:, head, :len(BASE)] = -beta / 2 * has
             o[:, head, len(BASE)] = beta * has[:, 0]
     attn.o_proj.weight.copy_(o.reshape(hidden, -1))
-    with torch.enable_grad():
-        return sharpen(model, new, data, h, report, epochs=epochs)
+    return sharpen(model, new, data, h, report, epochs=epochs)
 
 
 def main() -> None:

@@ -134,6 +134,13 @@ def probe_accuracy(features: torch.Tensor, labels: list[str], train_share: float
         return (probe(x[n:]).argmax(-1) == y[n:])[keep[n:]].float().mean().item()
 
 
+def most_common_share(labels: list[str], train_share: float = 0.75, scored: list[bool] | None = None) -> float:
+    """The share of the most common label among the held-out samples that `probe_accuracy` scores."""
+    n = int(len(labels) * train_share)
+    rest = [label for k, label in enumerate(labels[n:], n) if scored is None or scored[k]]
+    return max(rest.count(label) for label in set(rest)) / len(rest)
+
+
 def joint_probe_inputs(doc: str):
     """(args, path, model in eval mode, tokenizer, joint examples) for a probe of joint's derivation
     lines: the embedded probe's options plus --line-rules, 400 prompts of seed 20 by default."""
@@ -162,8 +169,7 @@ def main() -> None:
     for rows in (QUESTIONS, ALONG):
         for question in rows:
             stacked, labels = torch.stack(samples[question][0]), samples[question][1]  # [N, L + 1, D]
-            held_out = labels[int(len(labels) * 0.75):]
-            common = max(held_out.count(label) for label in set(held_out)) / len(held_out)
+            common = most_common_share(labels)
             cells = [f"{probe_accuracy(stacked[:, k].float(), labels):.2f}" for k in range(stacked.shape[1])]
             print(f"| {'asked property at ' * (rows is ALONG)}{question} | {common:.2f} | " + " | ".join(cells) + " |")
     print("\n| full-attention layer | head most on the asked key | weight on the asked key | on the others | "

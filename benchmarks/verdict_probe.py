@@ -26,9 +26,11 @@ from pathlib import Path
 
 import torch
 
+from clover.data.tasks.joint import length_misleads
+
 sys.path.insert(0, str(Path(__file__).parent))
 from joint_errors import fact_words, line_parts, rule_conditions  # noqa: E402
-from lookup_probe import joint_probe_inputs, probe_accuracy, residuals, token_at  # noqa: E402
+from lookup_probe import joint_probe_inputs, most_common_share, probe_accuracy, residuals, token_at  # noqa: E402
 
 PROBES = ("verdict", "verdict, where the length misleads", "first condition held", "second condition held",
           "stated")
@@ -67,7 +69,7 @@ def verdict_samples(model, tokenizer, examples) -> dict[str, tuple[list[torch.Te
 
 def misleads(labels: list[str], stated: list[str]) -> list[bool]:
     """Per line: a verdict other than the fact line's length suggests (yes from two or more stated)."""
-    return [(verdict == "yes") != (int(n) >= 2) for verdict, n in zip(labels, stated)]
+    return [length_misleads(verdict == "yes", int(n)) for verdict, n in zip(labels, stated)]
 
 
 def main() -> None:
@@ -86,8 +88,7 @@ def main() -> None:
     for probe in PROBES:
         stacked, labels = torch.stack(samples[probe][0]), samples[probe][1]  # [N, L + 1, D]
         scored = subset if probe.endswith("misleads") else None
-        rest = [label for k, label in enumerate(labels) if k >= int(len(labels) * 0.75) and (scored is None or scored[k])]
-        common = max(rest.count(label) for label in set(rest)) / len(rest)
+        common = most_common_share(labels, scored=scored)
         cells = [f"{probe_accuracy(stacked[:, k].float(), labels, scored=scored):.2f}" for k in range(stacked.shape[1])]
         print(f"| {probe} | {common:.2f} | " + " | ".join(cells) + " |")
 

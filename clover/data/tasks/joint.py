@@ -269,11 +269,16 @@ def field_spans(example: Example) -> list[tuple[str, int, int]]:
             for m, is_derived in zip(_PAIR.finditer(example.answer), derived)]
 
 
+def length_misleads(answer: bool, stated: int) -> bool:
+    """Whether a verdict is other than the fact line's length suggests: yes from two or more stated
+    properties, no from fewer."""
+    return answer != (stated >= 2)
+
+
 def _length_misleads(example: Example) -> list[bool]:
-    """Per question: a derived verdict other than the fact line's length suggests (yes from two or
-    more stated properties, no from fewer)."""
+    """Per question: a derived verdict that the fact line's length misleads (`length_misleads`)."""
     meta = example.meta
-    return [derived and answer != (stated >= 2)
+    return [derived and length_misleads(answer, stated)
             for derived, answer, stated in zip(meta["derived"], meta["answers"], meta["stated"])]
 
 
@@ -405,6 +410,11 @@ def _join(words: list[str] | tuple[str, ...]) -> str:
     """``[a] -> "a"``, ``[a, b] -> "a and b"``, ``[a, b, c] -> "a, b and c"``."""
     words = list(words)
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def split_joined(text: str) -> list[str]:
+    """``"a, b and c" -> ["a", "b", "c"]``: the words ``_join`` joined."""
+    return text.replace(",", " and").split(" and ")
 
 
 def _yn(value: bool) -> str:
