@@ -25,8 +25,13 @@ to the other. This builds that head instead of waiting for it, from the model's 
    log of the weight on the asked rule's property word, with the model's rotary embedding).
 
 The result is a checkpoint with one more layer, to be trained on (`recipes/lookup_head_*_cpu.json`).
+With `--line-rules both` the lines write the keyed rule and then its sentence (joint's `line_rules`
+"both"); the heads are fitted on the keyed copy alone, and the model need not have been trained on
+such lines: the shipped model's prompt rules hold their conditions at their property words, and the
+asked property is the token before the keyed copy's colon.
 
     python benchmarks/lookup_head.py --model runs/keyed-lines/final --out checkpoints/lookup-head-b
+    python benchmarks/lookup_head.py --model checkpoints/curriculum-soup2 --out runs/both-fit --causal-only --limit 400 --line-rules both
 """
 
 import copy
@@ -448,12 +453,14 @@ def main() -> None:
                         help="fit the causal heads only (no block-mode forwards, no block heads)")
     parser.add_argument("--beta", type=float, default=BETA, help="the norm of the fitted heads' output columns")
     parser.add_argument("--seed", type=int, default=50, help="the prompts' split seed (no evaluation uses it)")
+    parser.add_argument("--line-rules", choices=("keyed", "both"), default="keyed",
+                        help="how joint's lines write the rule they look up: keyed, or keyed then as a sentence")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(args.model)
     model, new = with_silent_layer(model.float().eval())
-    joint = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint", line_rules="keyed")])
+    joint = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint", line_rules=args.line_rules)])
     others = eval_examples(args.limit // 4, seed=args.seed, tasks=[get_task(n) for n in ("airspace", "record", "copy")])
     block = not args.causal_only
     if args.lookup == "rules":

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from clover.data.tasks.joint import LINE_RULE_FORMS
 from clover.model.attention import attention_scores
 from clover.quantization.error import layer_outputs
 from clover.training.copy_attention import RecordedAttention
@@ -147,7 +148,7 @@ def joint_probe_inputs(doc: str):
     from clover.data import eval_examples, get_task
 
     parser = embedded_probe_parser(doc, limit=400, limit_help="joint prompts", seed=20)
-    parser.add_argument("--line-rules", choices=("sentence", "keyed"), default="sentence",
+    parser.add_argument("--line-rules", choices=LINE_RULE_FORMS, default="sentence",
                         help="the form of the rules joint's lines write (the prompt keeps its sentences)")
     args = parser.parse_args()
     path, model, tokenizer = load_probe_model(args)

@@ -29,6 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import embedded_probe_parser, load_probe_model  # noqa: E402
 
+from clover.data.tasks.joint import LINE_RULE_FORMS  # noqa: E402
+
 SENTENCE = re.compile(r"Anyone who is (.+?) is (\w+)\.")
 KEYED = re.compile(r"^(\w+): (.+?)\.$", re.MULTILINE)  # a keyed rule line, `cleared: licensed and rested.`
 COUNT_WORDS = ("and", "is", ".", "")  # a condition more or one fewer than the rule has ("": a space,
@@ -45,18 +47,19 @@ def prompt_rules(prompt: str) -> dict[str, str]:
 def rule_copies(text: str) -> list[tuple[int, int, str, str, str]]:
     """`(start, end, rule's property, fact line, place)` of each rule copied in a derivation or drill
     answer `text`: [start, end) spans the characters from the first condition to the rule's final full
-    stop. A line copies the rule behind its asked property, and in joint's scan (`derive="scan"`) the
+    stop. A line that writes its rule keyed (`line_rules` "keyed" or "both") has one copy, the keyed one:
+    the sentence that "both" writes after it is a copy of that copy, not a lookup. A line copies the rule behind its asked property, and in joint's scan (`derive="scan"`) the
     rules before it too; `place` says which of the line's copies it is and whether the line's
     question asks its property: `1st, behind`, `1st, passed` (a scan goes on past it), `2nd, behind`."""
     copies, at = [], 0
     for line in text.splitlines(keepends=True):
         question, _, rest = line.partition("? ")
         asked, fact = question.split()[-1] if question else "", rest.partition(". ")[0]
-        if sentences := list(SENTENCE.finditer(line)):
+        if asked and (keyed := re.search(rf"\. {re.escape(asked)}: (.+?\.)", line)):  # the lookup, where
+            copies.append((at + keyed.start(1), at + keyed.end(1), asked, fact, _place(0, True)))  # a line keys it
+        elif sentences := list(SENTENCE.finditer(line)):
             copies += [(at + m.start(1), at + m.end(), m[2], fact, _place(k, m[2] == asked))
                        for k, m in enumerate(sentences)]
-        elif asked and (keyed := re.search(rf"\. {re.escape(asked)}: (.+?\.)", line)):
-            copies.append((at + keyed.start(1), at + keyed.end(1), asked, fact, _place(0, True)))
         at += len(line)
     return copies
 
@@ -123,7 +126,7 @@ def main() -> None:
     parser = embedded_probe_parser(__doc__, limit_help="prompts of each task")
     parser.add_argument("--derive", choices=("lookup", "scan"), default="lookup",
                         help="how joint's derived lines copy their rules")
-    parser.add_argument("--line-rules", choices=("sentence", "keyed"), default="sentence",
+    parser.add_argument("--line-rules", choices=LINE_RULE_FORMS, default="sentence",
                         help="the form of the rules joint's lines write (the prompt keeps its sentences)")
     parser.add_argument("--drill", choices=("sentence", "keyed"), default="sentence",
                         help="the form of the drill's rules")

@@ -447,6 +447,27 @@ def test_joint_keyed_lines_rekey_the_derivation_and_leave_the_prompt_alone(deriv
         get_task("joint", line_rules="keyed", checks="paired")
 
 
+def test_joint_both_lines_write_the_keyed_rule_then_its_sentence():
+    """With `line_rules="both"` a derivation line writes the rule keyed and then as the prompt's
+    sentence, `cleared: licensed and rested. Anyone who is licensed and rested is cleared.`; everything
+    else is the default's, draw for draw, and the option refuses the forms it cannot write."""
+    sentence, both = get_task("joint", balanced=True), get_task("joint", balanced=True, line_rules="both")
+    rule = re.compile(r"Anyone who is (.+?) is (\w+)\.")
+    doubled = 0
+    for seed in range(100):
+        a, b = sentence.sample(random.Random(seed)), both.sample(random.Random(seed))
+        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta) and both.score(b, b.answer)["correct"]
+        assert b.reasoning == rule.sub(r"\2: \1. \g<0>", a.reasoning)
+        doubled += a.reasoning != b.reasoning
+    assert doubled > 30
+    with pytest.raises(ValueError, match="line_rules='both' .* needs rules='sentence' and derive='lookup'"):
+        get_task("joint", line_rules="both", derive="scan")
+    with pytest.raises(ValueError, match="line_rules='both' .* needs rules='sentence'"):
+        get_task("joint", line_rules="both", rules="keyed")
+    with pytest.raises(ValueError, match="keyed rules or facts are written without checks"):
+        get_task("joint", line_rules="both", checks="paired")
+
+
 @pytest.mark.parametrize("chain", [False, True])
 def test_joint_scan_copies_every_rule_up_to_the_one_behind_the_property(chain):
     """With `derive="scan"` a derived line copies the prompt's rules in order, the first one first,

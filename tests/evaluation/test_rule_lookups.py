@@ -43,6 +43,19 @@ def test_a_scan_line_s_every_rule_is_a_copy_under_its_own_property():
     assert {"1st, passed", "2nd, behind"} <= places <= {"1st, behind", "1st, passed", "2nd, behind"}
 
 
+@pytest.mark.parametrize("line_rules", ["keyed", "both"])
+def test_a_keyed_line_s_one_copy_is_its_keyed_rule(line_rules):
+    """A line that writes its rule keyed, alone or before the rule's sentence, has one copy: the keyed
+    one, from its first condition to its full stop (the sentence after it copies that copy)."""
+    task, rng = get_task("joint", min_questions=3, max_questions=4, line_rules=line_rules), random.Random(0)
+    example = next(e for e in iter(lambda: task.sample(rng), None) if sum(e.meta["derived"]) >= 2)
+    rules = rule_lookups.prompt_rules(example.prompt)
+    copies = rule_lookups.rule_copies(example.reasoning)
+    assert len(copies) == sum(example.meta["derived"])
+    for a, b, asked, _, place in copies:
+        assert example.reasoning[a - len(asked) - 2:b] == f"{asked}: {rules[asked]}." and place == "1st, behind"
+
+
 @pytest.mark.parametrize("form", ["sentence", "keyed"])
 def test_a_drill_line_s_rule_copy_in_either_form(form):
     rng = random.Random(1)

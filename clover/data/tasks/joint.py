@@ -66,6 +66,13 @@ rule still holds its conditions at its property word, where the lookup reads the
 the embedded model, both are then held and no head looks from one to the other: the rules are copied
 worse (BENCHMARKS.md, "Where joint's rule lookup fails").
 
+With ``line_rules="both"`` the line writes the rule keyed and then in the prompt's sentence form:
+``2. Is Kim cleared? Kim is rested. cleared: licensed and rested. Anyone who is licensed and rested is
+cleared. no``. The keyed copy is the lookup (its key right before it, as with ``"keyed"``), the
+sentence is a copy of the copy just written, and the verdict then comes four words after the last
+condition, where the sentence form's model makes the check (``benchmarks/verdict_probe.py``); with
+keyed lines alone it comes right after the conditions and is answered by the fact line's length.
+
 With ``derive="scan"`` (a training option; the default ``"lookup"`` writes the rule behind the
 property) a derived line copies the rules in prompt order up to and including the one behind the
 property: ``2. Is Kim cleared? Kim is rested. Anyone who is insured and rested is qualified. Anyone
@@ -123,6 +130,7 @@ _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its ch
 _CLOSED_WORLD = "Facts (nothing else is true):"
 _FACT_HEADINGS = {"stated": _CLOSED_WORLD, "keyed": _CLOSED_WORLD, "roster": "Roster:"}
 RULE_FORMS = ("sentence", "keyed")  # "Anyone who is a and b is d." or "d: a and b."
+LINE_RULE_FORMS = (*RULE_FORMS, "both")  # a derivation line may also write "d: a and b. Anyone who is a and b is d."
 DERIVATIONS = ("lookup", "scan")  # a derived line copies the rule behind it, or every rule up to it
 _SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
@@ -156,9 +164,12 @@ class JointTask(Task):
             raise ValueError(f"facts='roster' writes its own lookups of base properties: it needs "
                              f"chain=False and checks='', got chain={chain}, checks={checks!r}")
         line_rules = line_rules or rules
-        for option, form in (("rules", rules), ("line_rules", line_rules)):
-            if form not in RULE_FORMS:
-                raise ValueError(f"{option}={form!r} must be one of {RULE_FORMS}")
+        for option, form, forms in (("rules", rules, RULE_FORMS), ("line_rules", line_rules, LINE_RULE_FORMS)):
+            if form not in forms:
+                raise ValueError(f"{option}={form!r} must be one of {forms}")
+        if line_rules == "both" and (rules != "sentence" or derive != "lookup"):
+            raise ValueError(f"line_rules='both' writes the looked-up rule keyed, then as the prompt's sentence: it "
+                             f"needs rules='sentence' and derive='lookup', got rules={rules!r}, derive={derive!r}")
         if not 0.0 <= hard_verdicts <= 1.0:
             raise ValueError(f"hard_verdicts is a share of prompts, 0..1, got {hard_verdicts}")
         if hard_verdicts and not ask_derived:
@@ -166,7 +177,7 @@ class JointTask(Task):
                              f"got hard_verdicts={hard_verdicts} with ask_derived=False")
         if derive not in DERIVATIONS:
             raise ValueError(f"derive={derive!r} must be one of {DERIVATIONS}")
-        if "keyed" in (rules, line_rules, facts) and checks:
+        if {"keyed", "both"} & {rules, line_rules, facts} and checks:
             raise ValueError(f"keyed rules or facts are written without checks (a keyed line reads like a "
                              f"listed check), got rules={rules!r}, line_rules={line_rules!r}, facts={facts!r}, "
                              f"checks={checks!r}")
@@ -338,8 +349,10 @@ def _rules_behind(prop: str, rules: list[Rule]) -> list[Rule]:
 
 
 def rule_line(rule: Rule, form: str) -> str:
+    """The rule in ``form`` (``LINE_RULE_FORMS``): ``d: a and b.``, ``Anyone who is a and b is d.``, or both."""
     derived, conds = rule
-    return f"{derived}: {_join(conds)}." if form == "keyed" else f"Anyone who is {_join(conds)} is {derived}."
+    keyed, sentence = f"{derived}: {_join(conds)}.", f"Anyone who is {_join(conds)} is {derived}."
+    return {"keyed": keyed, "sentence": sentence, "both": f"{keyed} {sentence}"}[form]
 
 
 def _checks(held_in_order: list[str], conditions: tuple[str, ...], layout: str) -> str:
