@@ -72,6 +72,8 @@ cleared. no``. The keyed copy is the lookup (its key right before it, as with ``
 sentence is a copy of the copy just written, and the verdict then comes four words after the last
 condition, where the sentence form's model makes the check (``benchmarks/verdict_probe.py``); with
 keyed lines alone it comes right after the conditions and is answered by the fact line's length.
+Measured from the embedded model with a fitted lookup layer, the keyed copies are then right and the
+verdict is not: it leans to "no" (BENCHMARKS.md, "Keyed rule, then its sentence").
 
 With ``derive="scan"`` (a training option; the default ``"lookup"`` writes the rule behind the
 property) a derived line copies the rules in prompt order up to and including the one behind the
