@@ -26,10 +26,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from clover.data.tasks.joint import LINE_RULE_FORMS
+
 sys.path.insert(0, str(Path(__file__).parent))
 from common import embedded_probe_parser, load_probe_model  # noqa: E402
-
-from clover.data.tasks.joint import LINE_RULE_FORMS  # noqa: E402
 
 SENTENCE = re.compile(r"Anyone who is (.+?) is (\w+)\.")
 KEYED = re.compile(r"^(\w+): (.+?)\.$", re.MULTILINE)  # a keyed rule line, `cleared: licensed and rested.`

@@ -32,17 +32,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 from joint_errors import fact_words, line_parts, rule_conditions  # noqa: E402
 from lookup_probe import joint_probe_inputs, most_common_share, probe_accuracy, residuals, token_at  # noqa: E402
 
-PROBES = ("verdict", "verdict, where the length misleads", "first condition held", "second condition held",
-          "stated")
+MISLEADS = "verdict, where the length misleads"
+PROBES = ("verdict", MISLEADS, "first condition held", "second condition held", "stated")
 
 
 def verdict_samples(model, tokenizer, examples) -> dict[str, tuple[list[torch.Tensor], list[str]]]:
     """{probe: (residuals [L + 1, D] at the position that predicts each derived verdict, labels)}; the
-    misleading probe's labels are the verdicts, and its residuals are those of every derived line
-    (it is scored on a subset: `misleads`)."""
+    misleading probe's samples are the verdict's own (the same lists: it is scored on a subset,
+    `misleads`)."""
     from clover.data.corpus import format_chat
 
-    samples = {probe: ([], []) for probe in PROBES}
+    samples = {probe: ([], []) for probe in PROBES if probe != MISLEADS}
+    samples[MISLEADS] = samples["verdict"]
     for example in examples:
         chat = format_chat(tokenizer, example, enable_thinking=True)
         text = chat.prompt + chat.answer
@@ -57,8 +58,7 @@ def verdict_samples(model, tokenizer, examples) -> dict[str, tuple[list[torch.Te
                 continue
             held, conditions = fact_words(fact)[1], rule_conditions(rules)
             position = token_at(offsets, start + len(line) - len(verdict)) - 1
-            labels = {"verdict": verdict, "verdict, where the length misleads": verdict,
-                      "first condition held": str(conditions[0] in held), "stated": str(len(held))}
+            labels = {"verdict": verdict, "first condition held": str(conditions[0] in held), "stated": str(len(held))}
             if len(conditions) > 1:
                 labels["second condition held"] = str(conditions[1] in held)
             for probe, label in labels.items():
@@ -87,7 +87,7 @@ def main() -> None:
     print("|---|" + "---:|" * (len(layers) + 1))
     for probe in PROBES:
         stacked, labels = torch.stack(samples[probe][0]), samples[probe][1]  # [N, L + 1, D]
-        scored = subset if probe.endswith("misleads") else None
+        scored = subset if probe == MISLEADS else None
         common = most_common_share(labels, scored=scored)
         cells = [f"{probe_accuracy(stacked[:, k].float(), labels, scored=scored):.2f}" for k in range(stacked.shape[1])]
         print(f"| {probe} | {common:.2f} | " + " | ".join(cells) + " |")
