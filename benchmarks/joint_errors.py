@@ -70,6 +70,10 @@ def line_parts(line: str) -> tuple[str, str, str, str, str] | None:
     start at the first word with a colon or an equals sign; empty without the `checks` task option;
     keyed rules, `cleared: licensed and rested.`, are written without checks)."""
     question, sep, rest = line.partition("? ")
+    keyed = ""  # joint's `line_rules="keyed_first"`: the keyed rule before the fact line, its sentence after
+    if sep and rest.startswith(f"{question.rsplit(' ', 1)[-1]}: "):
+        keyed, _, rest = rest.partition(". ")
+        keyed += "."
     fact, sep2, rest = rest.partition(". ")
     if not (sep and sep2):
         return None
@@ -77,16 +81,32 @@ def line_parts(line: str) -> tuple[str, str, str, str, str] | None:
     marks = (body.find(":"), body.find("=")) if CHECK_WORD.search(body) else ()  # keyed rules have no checks
     mark = min((at for at in marks if at >= 0), default=-1)
     split = len(body) if mark < 0 else body.rfind(" ", 0, mark) + 1
-    return question, fact, body[:split].rstrip(), body[split:], verdict
+    rules = " ".join(r for r in (keyed, body[:split].rstrip()) if r)
+    return question, fact, rules, body[split:], verdict
 
 
 PARTS = KINDS[:5]
 
 
+def line_pieces(line: str) -> list[tuple[str, str]] | None:
+    """`(part, text)` of one derivation line's parts in line order, empty ones too (None if
+    unparsable); a keyed-first line's rule part is two pieces, its keyed copy before the fact line and
+    its sentence after it."""
+    if (parts := line_parts(line)) is None:
+        return None
+    question, fact, rules, checks, verdict = parts
+    keyed, _, sentence = rules.partition(". ")
+    pieces = list(zip(PARTS, parts))
+    if rules and line.startswith(f"{question}? {keyed}. "):
+        pieces[1:3] = [("rule", f"{keyed}."), ("fact", fact), ("rule", sentence)]
+    return pieces
+
+
 def part_spans(line: str) -> list[tuple[str, int, int]]:
-    """`(part, start, end)` character spans of one target derivation line's non-empty parts."""
+    """`(part, start, end)` character spans of one target derivation line's non-empty pieces, in line
+    order (`line_pieces`)."""
     spans, at = [], 0
-    for part, text in zip(PARTS, line_parts(line)):
+    for part, text in line_pieces(line):
         if text:
             at = line.index(text, at)
             spans.append((part, at, at + len(text)))
@@ -148,23 +168,27 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
     lines = defaultdict(lambda: [0, 0])  # (mode, part) -> [right, total], over derivation lines
     for example in examples:
         start = format_chat(tokenizer, example, enable_thinking=True).answer.index(example.reasoning)
-        spans = []  # (part, start, end) in the answer text, one per part of each line
-        for line in example.reasoning.splitlines():
+        spans = []  # (line, part, start, end) in the answer text, one or two per part of each line
+        for n, line in enumerate(example.reasoning.splitlines()):
             parts = part_spans(line)
-            spans += [(part, start + a, start + b) for part, a, b in parts]
+            spans += [(n, part, start + a, start + b) for part, a, b in parts]
             kind, n_stated = verdict_kind(line), stated(line)
-            spans.append((kind, *spans[-1][1:]))  # the verdict again, under its kind
+            spans.append((n, kind, *spans[-1][2:]))  # the verdict again, under its kind
             if 0 < n_stated < 3:  # and by fact-line length where it alone does not decide a base one
-                spans.append((f"{kind}, {n_stated} stated", *spans[-1][1:]))
-            for part, a, b in parts:  # each written check's yes/no
+                spans.append((n, f"{kind}, {n_stated} stated", *spans[-1][2:]))
+            for part, a, b in parts:  # each written check's yes/no (its own "line")
                 if part == "checks":
-                    spans += [(f"check {check_word(m)}", start + m.start(), start + m.end())
+                    spans += [((n, m.start()), f"check {check_word(m)}", start + m.start(), start + m.end())
                               for m in CHECK_WORD.finditer(line, a, b)]
             start += len(line) + 1
-        alone = [(s, e) for part, s, e in spans if part == "yes/no" or part.startswith("check ")]
+        alone = [(s, e) for _, part, s, e in spans if part == "yes/no" or part.startswith("check ")]
         forced = teacher_forced(model, tokenizer, example, enable_thinking=True, alone=alone)
-        for part, s, e in spans:
+        by_line = defaultdict(lambda: defaultdict(list))  # (line, part) -> mode -> hits over the part's spans
+        for n, part, s, e in spans:
             for mode, hits in forced.hits(s, e).items():
+                by_line[n, part][mode] += hits
+        for (_, part), modes in by_line.items():
+            for mode, hits in modes.items():
                 tokens[mode, part][0] += sum(hits)
                 tokens[mode, part][1] += len(hits)
                 if hits:
@@ -191,10 +215,10 @@ def first_error(output: str, reasoning: str) -> tuple[str, str, str]:
     for got, want in zip(think, target):
         if got == want:
             continue
-        parts, wanted = line_parts(got), line_parts(want)
-        if parts is None:
+        pieces, wanted = line_pieces(got), line_pieces(want)
+        if pieces is None:
             return "format", got, want
-        kind = next((k for k, a, b in zip(KINDS, parts, wanted) if a != b), "format")
+        kind = next((part for (part, text), piece in zip(wanted, pieces) if piece != (part, text)), "format")
         return kind, got, want
     if len(think) != len(target):
         return "format", "\n".join(think[len(target):]) or "(lines missing)", "\n".join(target[len(think):])

@@ -453,8 +453,9 @@ def main() -> None:
                         help="fit the causal heads only (no block-mode forwards, no block heads)")
     parser.add_argument("--beta", type=float, default=BETA, help="the norm of the fitted heads' output columns")
     parser.add_argument("--seed", type=int, default=50, help="the prompts' split seed (no evaluation uses it)")
-    parser.add_argument("--line-rules", choices=("keyed", "both"), default="keyed",
-                        help="how joint's lines write the rule they look up: keyed, or keyed then as a sentence")
+    parser.add_argument("--line-rules", choices=("keyed", "both", "keyed_first"), default="keyed",
+                        help="how joint's lines write the rule they look up: keyed, keyed then as a sentence, "
+                             "or keyed before the fact line and as a sentence after it")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)

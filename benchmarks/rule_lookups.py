@@ -50,13 +50,17 @@ def rule_copies(text: str) -> list[tuple[int, int, str, str, str]]:
     stop. A line copies the rule behind its asked property, and in joint's scan (`derive="scan"`) the
     rules before it too; `place` says which of the line's copies it is and whether the line's
     question asks its property: `1st, behind`, `1st, passed` (a scan goes on past it), `2nd, behind`.
-    A line that writes its rule keyed (`line_rules` "keyed" or "both") has one copy, the keyed one: the
-    sentence that "both" writes after it is a copy of that copy, not a lookup."""
+    A line that writes its rule keyed (`line_rules` "keyed", "both" or "keyed_first") has one copy, the
+    keyed one: the sentence that "both" and "keyed_first" write after it is a copy of that copy, not a
+    lookup."""
     copies, at = [], 0
     for line in text.splitlines(keepends=True):
         question, _, rest = line.partition("? ")
-        asked, fact = question.split()[-1] if question else "", rest.partition(". ")[0]
-        if asked and (keyed := re.search(rf"\. {re.escape(asked)}: (.+?\.)", line)):
+        asked = question.split()[-1] if question else ""
+        if asked and rest.startswith(f"{asked}: "):  # keyed_first: the keyed copy, then the fact line
+            rest = rest.partition(". ")[2]
+        fact = rest.partition(". ")[0]
+        if asked and (keyed := re.search(rf"[.?] {re.escape(asked)}: (.+?\.)", line)):
             copies.append((at + keyed.start(1), at + keyed.end(1), asked, fact, _place(0, True)))
         elif sentences := list(SENTENCE.finditer(line)):
             copies += [(at + m.start(1), at + m.end(), m[2], fact, _place(k, m[2] == asked))

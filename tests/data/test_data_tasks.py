@@ -468,6 +468,28 @@ def test_joint_both_lines_write_the_keyed_rule_then_its_sentence():
         get_task("joint", line_rules="both", checks="paired")
 
 
+def test_joint_keyed_first_lines_write_the_keyed_rule_before_the_fact_line():
+    """With `line_rules="keyed_first"` a derivation line writes the rule keyed right after the question
+    and as the prompt's sentence after the fact line, `2. Is Kim cleared? cleared: licensed and rested.
+    Kim is rested. Anyone who is licensed and rested is cleared. no`; everything else is the default's,
+    draw for draw, and the option refuses the forms it cannot write."""
+    sentence = get_task("joint", balanced=True)
+    keyed_first = get_task("joint", balanced=True, line_rules="keyed_first")
+    line = re.compile(r"\? ([^?]+?\.) Anyone who is (.+?) is (\w+)\.")
+    moved = 0
+    for seed in range(100):
+        a, b = sentence.sample(random.Random(seed)), keyed_first.sample(random.Random(seed))
+        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta)
+        assert keyed_first.score(b, b.answer)["correct"]
+        assert b.reasoning == line.sub(r"? \3: \2. \1 Anyone who is \2 is \3.", a.reasoning)
+        moved += a.reasoning != b.reasoning
+    assert moved > 30
+    with pytest.raises(ValueError, match="line_rules='keyed_first' .* needs rules='sentence' and derive='lookup'"):
+        get_task("joint", line_rules="keyed_first", derive="scan")
+    with pytest.raises(ValueError, match="keyed rules or facts are written without checks"):
+        get_task("joint", line_rules="keyed_first", checks="paired")
+
+
 @pytest.mark.parametrize("chain", [False, True])
 def test_joint_scan_copies_every_rule_up_to_the_one_behind_the_property(chain):
     """With `derive="scan"` a derived line copies the prompt's rules in order, the first one first,

@@ -12,12 +12,14 @@ from benchmark_script import load_benchmark
 
 joint_errors = load_benchmark("joint_errors")
 FLIP = {"yes": "no", "no": "yes", "+": "-", "-": "+"}
-# `checks`, the roster's lookups, keyed rules, keyed rules and fact lines
-LAYOUTS = ["", "listed", "paired", "signed", "signed_all", "roster", "keyed", "keyed lines"]
+# `checks`, the roster's lookups, keyed rules, keyed rules and fact lines, keyed line rules before the facts
+LAYOUTS = ["", "listed", "paired", "signed", "signed_all", "roster", "keyed", "keyed lines", "keyed first"]
 KEYED_RULE = re.compile(rf"\. ({'|'.join(DERIVED)}): ")  # `... rested. cleared: licensed and rested. no`
 
 
 def _options(layout: str) -> dict:
+    if layout == "keyed first":
+        return {"line_rules": "keyed_first"}
     if layout.startswith("keyed"):
         return {"rules": "keyed"} | ({"facts": "keyed"} if layout == "keyed lines" else {})
     return {"facts": "roster"} if layout == "roster" else {"checks": layout}
@@ -54,7 +56,7 @@ def test_each_part_of_a_derivation_line_is_told_apart(checks):
     wrong = {
         "question": last.replace(question, question + "x", 1),
         "fact": last.replace(fact, fact + " and tired", 1),
-        "rule": last.replace(rules, "x" + rules, 1),
+        "rule": last.replace(rules.split(". ")[0], "x" + rules.split(". ")[0], 1),  # its first rule (or keyed copy)
         "yes/no": last[: -len(verdict)] + flipped,
         "format": "3 Is",
     }
@@ -72,13 +74,17 @@ def test_each_part_of_a_derivation_line_is_told_apart(checks):
 @pytest.mark.parametrize("checks", LAYOUTS)
 def test_part_spans_cover_each_part_of_a_line_in_order(checks):
     """The teacher-forced table labels a line's characters by part: the spans are the parts' texts,
-    in order, and a base property's line has no rule part."""
+    in line order (a keyed-first line's rule in two, around the fact line), and a base property's line
+    has no rule part."""
     example = _example(**_options(checks))
     for line in example.reasoning.splitlines():
         spans = joint_errors.part_spans(line)
-        parts = [p for p in joint_errors.line_parts(line) if p]
-        assert [line[a:b] for _, a, b in spans] == parts
+        parts = {p: text for p, text in zip(joint_errors.PARTS, joint_errors.line_parts(line)) if text}
+        assert {p: " ".join(line[a:b] for q, a, b in spans if q == p) for p, _, _ in spans} == parts
         assert all(b1 <= a2 for (_, _, b1), (_, a2, _) in zip(spans, spans[1:]))
+        order = [p for p, _, _ in spans]
+        assert order == (["question", "rule", "fact", "rule", "yes/no"] if checks == "keyed first" and "rule" in order
+                         else [p for p in joint_errors.PARTS if p in parts])
         derived = _has_rule(line)
         assert ("rule" in [p for p, _, _ in spans]) == derived
         assert joint_errors.verdict_kind(line) == f"{'derived' if derived else 'base'} {line.rsplit(' ', 1)[1]}"

@@ -43,17 +43,20 @@ def test_a_scan_line_s_every_rule_is_a_copy_under_its_own_property():
     assert {"1st, passed", "2nd, behind"} <= places <= {"1st, behind", "1st, passed", "2nd, behind"}
 
 
-@pytest.mark.parametrize("line_rules", ["keyed", "both"])
+@pytest.mark.parametrize("line_rules", ["keyed", "both", "keyed_first"])
 def test_a_keyed_line_s_one_copy_is_its_keyed_rule(line_rules):
     """A line that writes its rule keyed, alone or before the rule's sentence, has one copy: the keyed
-    one, from its first condition to its full stop (the sentence after it copies that copy)."""
+    one, from its first condition to its full stop (the sentence after it copies that copy); its fact
+    line is the pilot's, wherever the keyed copy stands."""
     task, rng = get_task("joint", min_questions=3, max_questions=4, line_rules=line_rules), random.Random(0)
     example = next(e for e in iter(lambda: task.sample(rng), None) if sum(e.meta["derived"]) >= 2)
     rules = rule_lookups.prompt_rules(example.prompt)
     copies = rule_lookups.rule_copies(example.reasoning)
     assert len(copies) == sum(example.meta["derived"])
-    for a, b, asked, _, place in copies:
+    for a, b, asked, fact, place in copies:
         assert example.reasoning[a - len(asked) - 2:b] == f"{asked}: {rules[asked]}." and place == "1st, behind"
+        pilot = example.reasoning[:a].splitlines()[-1].split("? ")[0].split()[2]  # `3. Is Kim cleared? ...`
+        assert fact.startswith(f"{pilot} ") and ":" not in fact
 
 
 @pytest.mark.parametrize("form", ["sentence", "keyed"])

@@ -75,6 +75,11 @@ keyed lines alone it comes right after the conditions and is answered by the fac
 Measured from the embedded model with a fitted lookup layer, the keyed copies are then right and the
 verdict is not: it leans to "no" (BENCHMARKS.md, "Keyed rule, then its sentence").
 
+With ``line_rules="keyed_first"`` the keyed copy comes before the fact line and the sentence after it:
+``2. Is Kim cleared? cleared: licensed and rested. Kim is rested. Anyone who is licensed and rested is
+cleared. no``. The keyed copy's key is then a copy of the question's last word, and the fact line stays
+right before the sentence rule and the verdict, as in the default lines the embedded model checks well.
+
 With ``derive="scan"`` (a training option; the default ``"lookup"`` writes the rule behind the
 property) a derived line copies the rules in prompt order up to and including the one behind the
 property: ``2. Is Kim cleared? Kim is rested. Anyone who is insured and rested is qualified. Anyone
@@ -132,7 +137,9 @@ _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its ch
 _CLOSED_WORLD = "Facts (nothing else is true):"
 _FACT_HEADINGS = {"stated": _CLOSED_WORLD, "keyed": _CLOSED_WORLD, "roster": "Roster:"}
 RULE_FORMS = ("sentence", "keyed")  # "Anyone who is a and b is d." or "d: a and b."
-LINE_RULE_FORMS = (*RULE_FORMS, "both")  # a derivation line may also write "d: a and b. Anyone who is a and b is d."
+LINE_RULE_FORMS = (*RULE_FORMS, "both", "keyed_first")  # a derivation line may also write "d: a and b. Anyone
+# who is a and b is d." after its fact line, or the keyed rule before the fact line and the sentence after it
+_KEYED_LINES = ("both", "keyed_first")  # line forms that write the keyed rule and then its sentence
 DERIVATIONS = ("lookup", "scan")  # a derived line copies the rule behind it, or every rule up to it
 _SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
@@ -169,8 +176,8 @@ class JointTask(Task):
         for option, form, forms in (("rules", rules, RULE_FORMS), ("line_rules", line_rules, LINE_RULE_FORMS)):
             if form not in forms:
                 raise ValueError(f"{option}={form!r} must be one of {forms}")
-        if line_rules == "both" and (rules != "sentence" or derive != "lookup"):
-            raise ValueError(f"line_rules='both' writes the looked-up rule keyed, then as the prompt's sentence: it "
+        if line_rules in _KEYED_LINES and (rules != "sentence" or derive != "lookup"):
+            raise ValueError(f"line_rules={line_rules!r} writes the looked-up rule keyed, then as the prompt's sentence: it "
                              f"needs rules='sentence' and derive='lookup', got rules={rules!r}, derive={derive!r}")
         if not 0.0 <= hard_verdicts <= 1.0:
             raise ValueError(f"hard_verdicts is a share of prompts, 0..1, got {hard_verdicts}")
@@ -179,7 +186,7 @@ class JointTask(Task):
                              f"got hard_verdicts={hard_verdicts} with ask_derived=False")
         if derive not in DERIVATIONS:
             raise ValueError(f"derive={derive!r} must be one of {DERIVATIONS}")
-        if {"keyed", "both"} & {rules, line_rules, facts} and checks:
+        if {"keyed", *_KEYED_LINES} & {rules, line_rules, facts} and checks:
             raise ValueError(f"keyed rules or facts are written without checks (a keyed line reads like a "
                              f"listed check), got rules={rules!r}, line_rules={line_rules!r}, facts={facts!r}, "
                              f"checks={checks!r}")
@@ -242,8 +249,12 @@ class JointTask(Task):
         written = behind  # the scan writes every rule in prompt order, up to the last one behind
         if self.derive == "scan" and behind:
             written = rules[:rules.index(behind[-1]) + 1]
-        words = [f"{k}. Is {pilot} {prop}?", fact_line(pilot, held, base, self.facts),
-                 *(rule_line(rule, self.line_rules) for rule in written)]
+        question, fact = f"{k}. Is {pilot} {prop}?", fact_line(pilot, held, base, self.facts)
+        if self.line_rules == "keyed_first":  # the keyed lookup right after the question, its sentence after the fact
+            words = [question, *(rule_line(rule, "keyed") for rule in written), fact,
+                     *(rule_line(rule, "sentence") for rule in written)]
+        else:
+            words = [question, fact, *(rule_line(rule, self.line_rules) for rule in written)]
         if self.facts == "roster":
             words.append(_values(conditions, held))
         elif self.checks:
