@@ -28,7 +28,8 @@ The result is a checkpoint with one more layer, to be trained on (`recipes/looku
 With `--line-rules both` the lines write the keyed rule and then its sentence (joint's `line_rules`
 "both"); the heads are fitted on the keyed copy alone, and the model need not have been trained on
 such lines: the shipped model's prompt rules hold their conditions at their property words, and the
-asked property is the token before the keyed copy's colon.
+asked property is the token before the keyed copy's colon. `--line-rules keyed_first` writes the keyed
+copy before the fact line (joint's `line_rules` "keyed_first") and fits the heads the same way.
 
     python benchmarks/lookup_head.py --model runs/keyed-lines/final --out checkpoints/lookup-head-b
     python benchmarks/lookup_head.py --model checkpoints/curriculum-soup2 --out runs/both-fit --causal-only --limit 400 --line-rules both
@@ -41,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from clover.data.tasks.joint import BASE, DERIVED, split_joined
+from clover.data.tasks.joint import BASE, DERIVED, LINE_RULE_FORMS, split_joined
 from clover.quantization.error import layer_outputs
 from clover.training.average import save_like
 
@@ -453,7 +454,7 @@ def main() -> None:
                         help="fit the causal heads only (no block-mode forwards, no block heads)")
     parser.add_argument("--beta", type=float, default=BETA, help="the norm of the fitted heads' output columns")
     parser.add_argument("--seed", type=int, default=50, help="the prompts' split seed (no evaluation uses it)")
-    parser.add_argument("--line-rules", choices=("keyed", "both", "keyed_first"), default="keyed",
+    parser.add_argument("--line-rules", choices=[f for f in LINE_RULE_FORMS if f != "sentence"], default="keyed",
                         help="how joint's lines write the rule they look up: keyed, keyed then as a sentence, "
                              "or keyed before the fact line and as a sentence after it")
     args = parser.parse_args()
