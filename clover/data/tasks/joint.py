@@ -177,8 +177,9 @@ class JointTask(Task):
             if form not in forms:
                 raise ValueError(f"{option}={form!r} must be one of {forms}")
         if line_rules in _KEYED_LINES and (rules != "sentence" or derive != "lookup"):
-            raise ValueError(f"line_rules={line_rules!r} writes the looked-up rule keyed, then as the prompt's sentence: it "
-                             f"needs rules='sentence' and derive='lookup', got rules={rules!r}, derive={derive!r}")
+            raise ValueError(f"line_rules={line_rules!r} writes the looked-up rule keyed, then as the prompt's "
+                             f"sentence: it needs rules='sentence' and derive='lookup', got rules={rules!r}, "
+                             f"derive={derive!r}")
         if not 0.0 <= hard_verdicts <= 1.0:
             raise ValueError(f"hard_verdicts is a share of prompts, 0..1, got {hard_verdicts}")
         if hard_verdicts and not ask_derived:
