@@ -447,47 +447,36 @@ def test_joint_keyed_lines_rekey_the_derivation_and_leave_the_prompt_alone(deriv
         get_task("joint", line_rules="keyed", checks="paired")
 
 
-def test_joint_both_lines_write_the_keyed_rule_then_its_sentence():
+# line_rules -> (the default line's rule part, how that form rewrites it)
+KEYED_LINES = {
+    "both": (r"Anyone who is (.+?) is (\w+)\.", r"\2: \1. \g<0>"),
+    "keyed_first": (r"\? ([^?]+?\.) Anyone who is (.+?) is (\w+)\.", r"? \3: \2. \1 Anyone who is \2 is \3."),
+}
+
+
+@pytest.mark.parametrize("line_rules", KEYED_LINES)
+def test_joint_keyed_lines_write_the_keyed_rule_and_its_sentence(line_rules):
     """With `line_rules="both"` a derivation line writes the rule keyed and then as the prompt's
-    sentence, `cleared: licensed and rested. Anyone who is licensed and rested is cleared.`; everything
-    else is the default's, draw for draw, and the option refuses the forms it cannot write."""
-    sentence, both = get_task("joint", balanced=True), get_task("joint", balanced=True, line_rules="both")
-    rule = re.compile(r"Anyone who is (.+?) is (\w+)\.")
-    doubled = 0
+    sentence after the fact line, `Kim is rested. cleared: licensed and rested. Anyone who is licensed
+    and rested is cleared. no`; with "keyed_first" the keyed rule comes right after the question and
+    the sentence after the fact line, `2. Is Kim cleared? cleared: licensed and rested. Kim is rested.
+    Anyone who is licensed and rested is cleared. no`. Everything else is the default's, draw for
+    draw, and the option refuses the forms it cannot write."""
+    sentence, keyed = get_task("joint", balanced=True), get_task("joint", balanced=True, line_rules=line_rules)
+    pattern, rewrite = KEYED_LINES[line_rules]
+    rewritten = 0
     for seed in range(100):
-        a, b = sentence.sample(random.Random(seed)), both.sample(random.Random(seed))
-        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta) and both.score(b, b.answer)["correct"]
-        assert b.reasoning == rule.sub(r"\2: \1. \g<0>", a.reasoning)
-        doubled += a.reasoning != b.reasoning
-    assert doubled > 30
-    with pytest.raises(ValueError, match="line_rules='both' .* needs rules='sentence' and derive='lookup'"):
-        get_task("joint", line_rules="both", derive="scan")
-    with pytest.raises(ValueError, match="line_rules='both' .* needs rules='sentence'"):
-        get_task("joint", line_rules="both", rules="keyed")
+        a, b = sentence.sample(random.Random(seed)), keyed.sample(random.Random(seed))
+        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta) and keyed.score(b, b.answer)["correct"]
+        assert b.reasoning == re.sub(pattern, rewrite, a.reasoning)
+        rewritten += a.reasoning != b.reasoning
+    assert rewritten > 30
+    with pytest.raises(ValueError, match=f"line_rules='{line_rules}' .* needs rules='sentence' and derive='lookup'"):
+        get_task("joint", line_rules=line_rules, derive="scan")
+    with pytest.raises(ValueError, match=f"line_rules='{line_rules}' .* needs rules='sentence'"):
+        get_task("joint", line_rules=line_rules, rules="keyed")
     with pytest.raises(ValueError, match="keyed rules or facts are written without checks"):
-        get_task("joint", line_rules="both", checks="paired")
-
-
-def test_joint_keyed_first_lines_write_the_keyed_rule_before_the_fact_line():
-    """With `line_rules="keyed_first"` a derivation line writes the rule keyed right after the question
-    and as the prompt's sentence after the fact line, `2. Is Kim cleared? cleared: licensed and rested.
-    Kim is rested. Anyone who is licensed and rested is cleared. no`; everything else is the default's,
-    draw for draw, and the option refuses the forms it cannot write."""
-    sentence = get_task("joint", balanced=True)
-    keyed_first = get_task("joint", balanced=True, line_rules="keyed_first")
-    line = re.compile(r"\? ([^?]+?\.) Anyone who is (.+?) is (\w+)\.")
-    moved = 0
-    for seed in range(100):
-        a, b = sentence.sample(random.Random(seed)), keyed_first.sample(random.Random(seed))
-        assert (a.prompt, a.answer, a.meta) == (b.prompt, b.answer, b.meta)
-        assert keyed_first.score(b, b.answer)["correct"]
-        assert b.reasoning == line.sub(r"? \3: \2. \1 Anyone who is \2 is \3.", a.reasoning)
-        moved += a.reasoning != b.reasoning
-    assert moved > 30
-    with pytest.raises(ValueError, match="line_rules='keyed_first' .* needs rules='sentence' and derive='lookup'"):
-        get_task("joint", line_rules="keyed_first", derive="scan")
-    with pytest.raises(ValueError, match="keyed rules or facts are written without checks"):
-        get_task("joint", line_rules="keyed_first", checks="paired")
+        get_task("joint", line_rules=line_rules, checks="paired")
 
 
 @pytest.mark.parametrize("chain", [False, True])
