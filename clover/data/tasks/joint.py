@@ -79,6 +79,8 @@ With ``line_rules="keyed_first"`` the keyed copy comes before the fact line and 
 ``2. Is Kim cleared? cleared: licensed and rested. Kim is rested. Anyone who is licensed and rested is
 cleared. no``. The keyed copy's key is then a copy of the question's last word, and the fact line stays
 right before the sentence rule and the verdict, as in the default lines the embedded model checks well.
+Measured with a fitted lookup layer, the keyed copies and the verdicts are then right, and the
+sentence copy and the fact line slip (BENCHMARKS.md, "Keyed rule before the fact line").
 
 With ``derive="scan"`` (a training option; the default ``"lookup"`` writes the rule behind the
 property) a derived line copies the rules in prompt order up to and including the one behind the
