@@ -62,15 +62,20 @@ def check_word(match: re.Match) -> str:
     return SIGN_WORD.get(match[0], match[0])
 
 
-def line_parts(line: str) -> tuple[str, str, str, str, str] | None:
-    """`(question, fact line, rule lines, checks, yes/no)` of one derivation line, None if
+PARTS = KINDS[:5]
+
+
+def line_pieces(line: str) -> list[tuple[str, str]] | None:
+    """`(part, text)` of one derivation line's parts (`PARTS`) in line order, empty ones too, None if
     unparsable: `2. Is Kim cleared? Kim is rested. Anyone who is licensed and rested is cleared.
     licensed: rested no. no` (the checks, `licensed: rested no.`, paired `rested=licensed no.`,
     signed `rested=licensed-.` or the roster's lookups `licensed=no.`,
     start at the first word with a colon or an equals sign; empty without the `checks` task option;
-    keyed rules, `cleared: licensed and rested.`, are written without checks)."""
+    keyed rules, `cleared: licensed and rested.`, are written without checks). A keyed-first line's
+    rule part (joint's `line_rules="keyed_first"`) is two pieces: its keyed copy before the fact line
+    and its sentence after it."""
     question, sep, rest = line.partition("? ")
-    keyed = ""  # joint's `line_rules="keyed_first"`: the keyed rule before the fact line, its sentence after
+    keyed = ""
     if sep and rest.startswith(f"{question.rsplit(' ', 1)[-1]}: "):
         keyed, _, rest = rest.partition(". ")
         keyed += "."
@@ -81,25 +86,19 @@ def line_parts(line: str) -> tuple[str, str, str, str, str] | None:
     marks = (body.find(":"), body.find("=")) if CHECK_WORD.search(body) else ()  # keyed rules have no checks
     mark = min((at for at in marks if at >= 0), default=-1)
     split = len(body) if mark < 0 else body.rfind(" ", 0, mark) + 1
-    rules = " ".join(r for r in (keyed, body[:split].rstrip()) if r)
-    return question, fact, rules, body[split:], verdict
-
-
-PARTS = KINDS[:5]
-
-
-def line_pieces(line: str) -> list[tuple[str, str]] | None:
-    """`(part, text)` of one derivation line's parts in line order, empty ones too (None if
-    unparsable); a keyed-first line's rule part is two pieces, its keyed copy before the fact line and
-    its sentence after it."""
-    if (parts := line_parts(line)) is None:
-        return None
-    question, fact, rules, checks, verdict = parts
-    keyed, _, sentence = rules.partition(". ")
-    pieces = list(zip(PARTS, parts))
-    if rules and line.startswith(f"{question}? {keyed}. "):
-        pieces[1:3] = [("rule", f"{keyed}."), ("fact", fact), ("rule", sentence)]
+    pieces = [("question", question), ("fact", fact), ("rule", body[:split].rstrip()), ("checks", body[split:]),
+              ("yes/no", verdict)]
+    if keyed:
+        pieces.insert(1, ("rule", keyed))
     return pieces
+
+
+def line_parts(line: str) -> tuple[str, str, str, str, str] | None:
+    """`(question, fact line, rule lines, checks, yes/no)` of one derivation line (`line_pieces`; a
+    keyed-first line's two rule pieces joined), None if unparsable."""
+    if (pieces := line_pieces(line)) is None:
+        return None
+    return tuple(" ".join(text for piece, text in pieces if piece == part and text) for part in PARTS)
 
 
 def part_spans(line: str) -> list[tuple[str, int, int]]:
@@ -168,26 +167,29 @@ def teacher_forced_table(model, tokenizer, examples) -> list[str]:
     lines = defaultdict(lambda: [0, 0])  # (mode, part) -> [right, total], over derivation lines
     for example in examples:
         start = format_chat(tokenizer, example, enable_thinking=True).answer.index(example.reasoning)
-        spans = []  # (line, part, start, end) in the answer text, one or two per part of each line
-        for n, line in enumerate(example.reasoning.splitlines()):
+        units = []  # (part, [(start, end), ...]) in the answer text: each part of each line, each check
+        for line in example.reasoning.splitlines():
             parts = part_spans(line)
-            spans += [(n, part, start + a, start + b) for part, a, b in parts]
+            ranges = defaultdict(list)  # a keyed-first line's rule part has two spans
+            for part, a, b in parts:
+                ranges[part].append((start + a, start + b))
+            units += ranges.items()
             kind, n_stated = verdict_kind(line), stated(line)
-            spans.append((n, kind, *spans[-1][2:]))  # the verdict again, under its kind
+            units.append((kind, ranges["yes/no"]))  # the verdict again, under its kind
             if 0 < n_stated < 3:  # and by fact-line length where it alone does not decide a base one
-                spans.append((n, f"{kind}, {n_stated} stated", *spans[-1][2:]))
-            for part, a, b in parts:  # each written check's yes/no (its own "line")
+                units.append((f"{kind}, {n_stated} stated", ranges["yes/no"]))
+            for part, a, b in parts:  # each written check's yes/no
                 if part == "checks":
-                    spans += [((n, m.start()), f"check {check_word(m)}", start + m.start(), start + m.end())
+                    units += [(f"check {check_word(m)}", [(start + m.start(), start + m.end())])
                               for m in CHECK_WORD.finditer(line, a, b)]
             start += len(line) + 1
-        alone = [(s, e) for _, part, s, e in spans if part == "yes/no" or part.startswith("check ")]
+        alone = [span for part, spans in units if part == "yes/no" or part.startswith("check ") for span in spans]
         forced = teacher_forced(model, tokenizer, example, enable_thinking=True, alone=alone)
-        by_line = defaultdict(lambda: defaultdict(list))  # (line, part) -> mode -> hits over the part's spans
-        for n, part, s, e in spans:
-            for mode, hits in forced.hits(s, e).items():
-                by_line[n, part][mode] += hits
-        for (_, part), modes in by_line.items():
+        for part, spans in units:
+            modes = defaultdict(list)  # mode -> hits over the unit's spans
+            for s, e in spans:
+                for mode, hits in forced.hits(s, e).items():
+                    modes[mode] += hits
             for mode, hits in modes.items():
                 tokens[mode, part][0] += sum(hits)
                 tokens[mode, part][1] += len(hits)
