@@ -36,6 +36,13 @@ expert gains `extra` hidden units and the shared expert `extra_shared`. The new 
 are zero. They are capacity for what a token computes from what attention brought it, the part of
 the model that growth had not widened yet: recipe keys `model.grow_experts`,
 `model.grow_shared_expert` and, for their learning rate, `model.grow_experts_lr`.
+
+`grow_conv(model, kernel)` widens every GDN layer's short convolution to `kernel` taps: the causal
+taps reach further back (the old taps are the last ones, next to the current token) and block mode's
+right taps further ahead (the old taps are the first ones); the new taps start at zero. The window
+is what a GDN layer mixes from the tokens just before a position before its delta rule; with a space
+token between words, four taps hold two words, and a copy of a list that has to know which line it
+is in needs the line's first word within reach. Recipe key `model.grow_conv_kernel`.
 """
 
 import copy
@@ -46,6 +53,8 @@ import torch
 # Parameters (relative to a layer) that write into the residual stream.
 RESIDUAL_WRITES = ("self_attn.o_proj.weight", "linear_attn.out_proj.weight",
                    "mlp.experts.down_proj", "mlp.shared_expert.down_proj.weight")
+CAUSAL_TAPS = "linear_attn.conv1d.weight"  # [C, 1, K]: tap K-1 reads the current token
+CONV_TAPS = (CAUSAL_TAPS, "linear_attn.conv_right_weight")  # block mode's right taps [C, K]: tap 0 reads the next
 
 
 def layer_sources(num_layers: int, after: Sequence[int]) -> list[tuple[int, bool]]:
@@ -125,6 +134,8 @@ def old_parts(name: str, old_shape: torch.Size,
     """Where the init's tensor `name` sits in its widened tensor, as (source, destination) index
     pairs: first along every dim, except the fused expert projection `gate_up_proj` [E, 2I, H],
     whose gate rows and up rows each come first in their own half."""
+    if name.endswith(CAUSAL_TAPS) and old_shape != wide_shape:  # the old causal taps end at the current token
+        return [((), (..., slice(wide_shape[-1] - old_shape[-1], None)))]
     if name.endswith("experts.gate_up_proj") and old_shape != wide_shape:
         narrow, wide = old_shape[1] // 2, wide_shape[1] // 2
         return [((slice(None), slice(0, narrow)), (slice(None), slice(0, narrow))),
@@ -143,6 +154,8 @@ def widen_silently(model, wide_config, seed: int):
         wide = type(model)(wide_config)
     state = wide.state_dict()  # the wide model's own tensors: writing them writes the model
     for key, value in model.state_dict().items():
+        if key.endswith(CONV_TAPS) and value.shape != state[key].shape:  # the new taps read nothing
+            state[key].zero_()
         for source, destination in old_parts(key, value.shape, state[key].shape):
             state[key][destination] = value[source]
         if key.endswith(RESIDUAL_WRITES):  # the new parts' columns write nothing
@@ -247,3 +260,23 @@ def new_expert_scales(model, extra: int, extra_shared: int, lr_scale: float) -> 
     narrow.moe_intermediate_size -= extra
     narrow.shared_expert_intermediate_size -= extra_shared
     return new_part_scales(model, narrow, lr_scale)
+
+
+def conv_widened_config(config, kernel: int):
+    """`config` with `kernel` taps in every GDN layer's short convolution (0: unchanged)."""
+    if kernel and kernel < config.linear_conv_kernel_dim:
+        raise ValueError(f"grow_conv_kernel={kernel} must be 0 (unchanged) or at least the model's "
+                         f"linear_conv_kernel_dim={config.linear_conv_kernel_dim}")
+    widened = copy.deepcopy(config)
+    widened.linear_conv_kernel_dim = kernel or config.linear_conv_kernel_dim
+    return widened
+
+
+@torch.no_grad()
+def grow_conv(model, kernel: int):
+    """A new model: `model` whose GDN short convolutions have `kernel` taps, the new ones zero, so it
+    computes what `model` computes (`model` is left as it was, and returned when `kernel` is 0 or
+    its own)."""
+    if not kernel or kernel == model.config.linear_conv_kernel_dim:
+        return model
+    return like(widen_silently(model, conv_widened_config(model.config, kernel), seed=0), model)

@@ -19,8 +19,8 @@ from .distributed import DistInfo, barrier, device_for, init_distributed, shutdo
 from .evaluation import combine, loss_evaluator, task_evaluator
 from .export import export_checkpoint
 from .fit import fit_steps, fitted_config, forget_fit, measure_step_seconds, save_fit
-from .grow import (experts_widened_config, grow_experts, grow_heads, grow_layers, grown_config, new_expert_scales,
-                   new_head_scales, widened_config)
+from .grow import (conv_widened_config, experts_widened_config, grow_conv, grow_experts, grow_heads, grow_layers,
+                   grown_config, new_expert_scales, new_head_scales, widened_config)
 from .mining import mine_hard_pairs
 from .recipe import ModelRecipe, Recipe, save_recipe
 from .sharding import full_state_dict, is_sharded
@@ -86,7 +86,8 @@ def plan_config(recipe: Recipe):
     if recipe.model.init:
         grown = grown_config(config_from_dir(recipe.model.init), recipe.model.grow_after)
         widened = widened_config(grown, recipe.model.grow_heads)
-        return experts_widened_config(widened, recipe.model.grow_experts, recipe.model.grow_shared_expert)
+        widened = experts_widened_config(widened, recipe.model.grow_experts, recipe.model.grow_shared_expert)
+        return conv_widened_config(widened, recipe.model.grow_conv_kernel)
     fields = {**preset_fields(recipe.model.preset), **recipe.model.config}
     if recipe.data.source == "digits":
         fields.setdefault("vocab_size", len(DIGIT_VOCAB))
@@ -130,6 +131,7 @@ def build_model(recipe: Recipe, tokenizer):
         model = grow_layers(load_init_model(recipe.model.init), recipe.model.grow_after)
         model = grow_heads(model, recipe.model.grow_heads, split=recipe.model.grow_heads_from == "split")
         model = grow_experts(model, recipe.model.grow_experts, recipe.model.grow_shared_expert)
+        model = grow_conv(model, recipe.model.grow_conv_kernel)
         mask_id = model.config.mask_token_id
         if tokenizer is None:
             return model, dataclasses.replace(DIGIT_ROLES, mask_id=mask_id)

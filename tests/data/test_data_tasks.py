@@ -451,6 +451,7 @@ def test_joint_keyed_lines_rekey_the_derivation_and_leave_the_prompt_alone(deriv
 KEYED_LINES = {
     "both": (r"Anyone who is (.+?) is (\w+)\.", r"\2: \1. \g<0>"),
     "keyed_first": (r"\? ([^?]+?\.) Anyone who is (.+?) is (\w+)\.", r"? \3: \2. \1 Anyone who is \2 is \3."),
+    "keyed_before_fact": (r"\? ([^?]+?\.) Anyone who is (.+?) is (\w+)\.", r"? \3: \2. \1"),
 }
 
 
@@ -460,7 +461,8 @@ def test_joint_keyed_lines_write_the_keyed_rule_and_its_sentence(line_rules):
     sentence after the fact line, `Kim is rested. cleared: licensed and rested. Anyone who is licensed
     and rested is cleared. no`; with "keyed_first" the keyed rule comes right after the question and
     the sentence after the fact line, `2. Is Kim cleared? cleared: licensed and rested. Kim is rested.
-    Anyone who is licensed and rested is cleared. no`. Everything else is the default's, draw for
+    Anyone who is licensed and rested is cleared. no`; "keyed_before_fact" writes no sentence, `2. Is
+    Kim cleared? cleared: licensed and rested. Kim is rested. no`. Everything else is the default's, draw for
     draw, and the option refuses the forms it cannot write."""
     sentence, keyed = get_task("joint", balanced=True), get_task("joint", balanced=True, line_rules=line_rules)
     pattern, rewrite = KEYED_LINES[line_rules]

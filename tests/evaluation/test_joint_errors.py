@@ -13,13 +13,14 @@ from benchmark_script import load_benchmark
 joint_errors = load_benchmark("joint_errors")
 FLIP = {"yes": "no", "no": "yes", "+": "-", "-": "+"}
 # `checks`, the roster's lookups, keyed rules, keyed rules and fact lines, keyed line rules before the facts
-LAYOUTS = ["", "listed", "paired", "signed", "signed_all", "roster", "keyed", "keyed lines", "keyed first"]
-KEYED_RULE = re.compile(rf"\. ({'|'.join(DERIVED)}): ")  # `... rested. cleared: licensed and rested. no`
+LAYOUTS = ["", "listed", "paired", "signed", "signed_all", "roster", "keyed", "keyed lines", "keyed first",
+           "keyed before fact"]
+KEYED_RULE = re.compile(rf"[.?] ({'|'.join(DERIVED)}): ")  # `... rested. cleared: licensed and rested. no`, or after the question
 
 
 def _options(layout: str) -> dict:
-    if layout == "keyed first":
-        return {"line_rules": "keyed_first"}
+    if layout in ("keyed first", "keyed before fact"):
+        return {"line_rules": layout.replace(" ", "_")}
     if layout.startswith("keyed"):
         return {"rules": "keyed"} | ({"facts": "keyed"} if layout == "keyed lines" else {})
     return {"facts": "roster"} if layout == "roster" else {"checks": layout}
@@ -83,7 +84,9 @@ def test_part_spans_cover_each_part_of_a_line_in_order(checks):
         assert {p: " ".join(line[a:b] for q, a, b in spans if q == p) for p, _, _ in spans} == parts
         assert all(b1 <= a2 for (_, _, b1), (_, a2, _) in zip(spans, spans[1:]))
         order = [p for p, _, _ in spans]
-        assert order == (["question", "rule", "fact", "rule", "yes/no"] if checks == "keyed first" and "rule" in order
+        keyed_before = {"keyed first": ["question", "rule", "fact", "rule", "yes/no"],
+                        "keyed before fact": ["question", "rule", "fact", "yes/no"]}
+        assert order == (keyed_before[checks] if checks in keyed_before and "rule" in order
                          else [p for p in joint_errors.PARTS if p in parts])
         derived = _has_rule(line)
         assert ("rule" in [p for p, _, _ in spans]) == derived

@@ -43,7 +43,7 @@ def test_a_scan_line_s_every_rule_is_a_copy_under_its_own_property():
     assert {"1st, passed", "2nd, behind"} <= places <= {"1st, behind", "1st, passed", "2nd, behind"}
 
 
-@pytest.mark.parametrize("line_rules", ["keyed", "both", "keyed_first"])
+@pytest.mark.parametrize("line_rules", ["keyed", "both", "keyed_first", "keyed_before_fact"])
 def test_a_keyed_line_s_one_copy_is_its_keyed_rule(line_rules):
     """A line that writes its rule keyed, alone or before the rule's sentence, has one copy: the keyed
     one, from its first condition to its full stop (the sentence after it copies that copy); its fact

@@ -5,8 +5,8 @@ import pytest
 import torch
 from tiny import TINY_MASK, random_ids, tiny_model
 
-from clover.training.grow import (experts_widened_config, grow_experts, grow_heads, grow_layers, grown_config,
-                                  layer_sources, new_expert_scales, new_head_scales, widened_config)
+from clover.training.grow import (conv_widened_config, experts_widened_config, grow_conv, grow_experts, grow_heads,
+                                  grow_layers, grown_config, layer_sources, new_expert_scales, new_head_scales, widened_config)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,13 @@ def experts():
     return model, grow_experts(model, 8, 16)  # routed experts 32 -> 40 units, shared expert 32 -> 48
 
 
-@pytest.mark.parametrize("grown_pair", ["pair", "widened", "split", "experts"])
+@pytest.fixture(scope="module")
+def conv():
+    model = tiny_model(seed=3)  # random right taps too: block mode reads both branches
+    return model, grow_conv(model, 8)  # 4 -> 8 causal and right taps per GDN channel
+
+
+@pytest.mark.parametrize("grown_pair", ["pair", "widened", "split", "experts", "conv"])
 def test_grown_model_computes_what_the_init_computes(grown_pair, request):
     model, grown = request.getfixturevalue(grown_pair)
     seq = random_ids(2, 19)
@@ -219,3 +225,43 @@ def test_a_run_scales_each_grown_part_at_its_own_rate():
     assert scales["model.layers.3.self_attn.o_proj.weight"].max() == 5
     assert scales["model.layers.3.mlp.experts.down_proj"].max() == 10
     assert grown_part_scales(wide, ModelRecipe(init="x", grow_heads=4, grow_experts=8)) is None
+
+
+def test_widened_conv_keeps_the_old_taps_next_to_the_token_and_zeros_the_new(conv):
+    """The causal taps end at the current token, so the old ones are the last four; block mode's
+    right taps start at the next token, so the old ones are the first four."""
+    model, wide = conv
+    assert (model.config.linear_conv_kernel_dim, wide.config.linear_conv_kernel_dim) == (4, 8)
+    old, new = model.model.layers[0].linear_attn, wide.model.layers[0].linear_attn
+    assert new.conv1d.weight.shape[-1] == 8 and new.conv_right_weight.shape[-1] == 8
+    assert torch.equal(new.conv1d.weight[..., 4:], old.conv1d.weight)
+    assert torch.count_nonzero(new.conv1d.weight[..., :4]) == 0
+    assert torch.equal(new.conv_right_weight[:, :4], old.conv_right_weight)
+    assert torch.count_nonzero(new.conv_right_weight[:, 4:]) == 0
+    for name, param in model.named_parameters():
+        if "conv" not in name:
+            assert torch.equal(wide.get_parameter(name), param), name
+
+
+def test_widened_conv_decodes_what_the_init_decodes(conv):
+    """Block diffusion through the cache (whose conv state holds the last K-1 inputs) writes the
+    same tokens with eight taps as with the init's four."""
+    model, wide = conv
+    ids = random_ids(1, 11, seed=4)
+    settings = dict(block_size=8, max_new_tokens=24, eos_token_id=[])
+    assert torch.equal(wide.generate(ids, **settings), model.generate(ids, **settings))
+
+
+def test_training_reaches_the_new_taps():
+    wide = backward_once(grow_conv(tiny_model(seed=3), 8))
+    assert wide.model.layers[0].linear_attn.conv1d.weight.grad[..., :4].abs().sum() > 0
+
+
+def test_bad_conv_kernels_are_refused_by_value():
+    with pytest.raises(ValueError, match="grow_conv_kernel=3 must be 0 .* linear_conv_kernel_dim=4"):
+        conv_widened_config(tiny_model().config, 3)
+    assert grow_conv(model := tiny_model(), 0) is model and grow_conv(model, 4) is model
+    from clover.training.recipe import ModelRecipe
+
+    with pytest.raises(ValueError, match="grow_conv_kernel=8 needs `init`"):
+        ModelRecipe(config={"hidden_size": 32}, grow_conv_kernel=8)

@@ -81,6 +81,9 @@ cleared. no``. The keyed copy's key is then a copy of the question's last word, 
 right before the sentence rule and the verdict, as in the default lines the embedded model checks well.
 Measured with a fitted lookup layer, the keyed copies and the verdicts are then right, and the
 sentence copy and the fact line slip (BENCHMARKS.md, "Keyed rule before the fact line").
+``line_rules="keyed_before_fact"`` writes the keyed copy before the fact line and no sentence: ``2. Is
+Kim cleared? cleared: licensed and rested. Kim is rested. no``, so the verdict follows the fact line,
+its conditions one line back.
 
 With ``derive="scan"`` (a training option; the default ``"lookup"`` writes the rule behind the
 property) a derived line copies the rules in prompt order up to and including the one behind the
@@ -139,9 +142,11 @@ _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its ch
 _CLOSED_WORLD = "Facts (nothing else is true):"
 _FACT_HEADINGS = {"stated": _CLOSED_WORLD, "keyed": _CLOSED_WORLD, "roster": "Roster:"}
 RULE_FORMS = ("sentence", "keyed")  # "Anyone who is a and b is d." or "d: a and b."
-LINE_RULE_FORMS = (*RULE_FORMS, "both", "keyed_first")  # a derivation line may also write "d: a and b. Anyone
-# who is a and b is d." after its fact line, or the keyed rule before the fact line and the sentence after it
-_KEYED_LINES = ("both", "keyed_first")  # line forms that write the keyed rule and then its sentence
+LINE_RULE_FORMS = (*RULE_FORMS, "both", "keyed_first", "keyed_before_fact")  # a derivation line may also
+# write "d: a and b. Anyone who is a and b is d." after its fact line, the keyed rule before the fact line and
+# the sentence after it, or the keyed rule before the fact line alone
+_KEYED_LINES = ("both", "keyed_first", "keyed_before_fact")  # line forms that write the looked-up rule keyed
+_KEYED_BEFORE_FACT = ("keyed_first", "keyed_before_fact")  # line forms that write it right after the question
 DERIVATIONS = ("lookup", "scan")  # a derived line copies the rule behind it, or every rule up to it
 _SIGN = {True: "+", False: "-"}
 _PAIR = re.compile(r"(\d+)\s*:\s*(yes|no)\b", re.IGNORECASE)
@@ -179,8 +184,8 @@ class JointTask(Task):
             if form not in forms:
                 raise ValueError(f"{option}={form!r} must be one of {forms}")
         if line_rules in _KEYED_LINES and (rules != "sentence" or derive != "lookup"):
-            raise ValueError(f"line_rules={line_rules!r} writes the looked-up rule keyed, then as the prompt's "
-                             f"sentence: it needs rules='sentence' and derive='lookup', got rules={rules!r}, "
+            raise ValueError(f"line_rules={line_rules!r} writes the looked-up rule keyed next to the prompt's "
+                             f"sentences: it needs rules='sentence' and derive='lookup', got rules={rules!r}, "
                              f"derive={derive!r}")
         if not 0.0 <= hard_verdicts <= 1.0:
             raise ValueError(f"hard_verdicts is a share of prompts, 0..1, got {hard_verdicts}")
@@ -253,9 +258,10 @@ class JointTask(Task):
         if self.derive == "scan" and behind:
             written = rules[:rules.index(behind[-1]) + 1]
         question, fact = f"{k}. Is {pilot} {prop}?", fact_line(pilot, held, base, self.facts)
-        if self.line_rules == "keyed_first":  # the keyed lookup right after the question, its sentence after the fact
-            words = [question, *(rule_line(rule, "keyed") for rule in written), fact,
-                     *(rule_line(rule, "sentence") for rule in written)]
+        if self.line_rules in _KEYED_BEFORE_FACT:  # the keyed lookup right after the question, [its sentence after
+            words = [question, *(rule_line(rule, "keyed") for rule in written), fact]  # the fact line]
+            if self.line_rules == "keyed_first":
+                words += [rule_line(rule, "sentence") for rule in written]
         else:
             words = [question, fact, *(rule_line(rule, self.line_rules) for rule in written)]
         if self.facts == "roster":
