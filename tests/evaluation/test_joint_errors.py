@@ -15,7 +15,8 @@ FLIP = {"yes": "no", "no": "yes", "+": "-", "-": "+"}
 # `checks`, the roster's lookups, keyed rules, keyed rules and fact lines, keyed line rules before the facts
 LAYOUTS = ["", "listed", "paired", "signed", "signed_all", "roster", "keyed", "keyed lines", "keyed first",
            "keyed before fact"]
-KEYED_RULE = re.compile(rf"[.?] ({'|'.join(DERIVED)}): ")  # `... rested. cleared: licensed and rested. no`, or after the question
+# `... rested. cleared: licensed and rested. no`, or right after the question
+KEYED_RULE = re.compile(rf"[.?] ({'|'.join(DERIVED)}): ")
 
 
 def _options(layout: str) -> dict:

@@ -6,7 +6,8 @@ import torch
 from tiny import TINY_MASK, random_ids, tiny_model
 
 from clover.training.grow import (conv_widened_config, experts_widened_config, grow_conv, grow_experts, grow_heads,
-                                  grow_layers, grown_config, layer_sources, new_expert_scales, new_head_scales, widened_config)
+                                  grow_layers, grown_config, layer_sources, new_expert_scales, new_head_scales,
+                                  widened_config)
 
 
 @pytest.fixture(scope="module")
