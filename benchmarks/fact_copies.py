@@ -1,0 +1,107 @@
+"""Where joint's fact-line copies go wrong, token by token, and from which line.
+
+A `joint` derivation line copies its pilot's fact line from the prompt by the pilot's name
+(`2. Is Mia cleared? Mia is licensed and trained. ...`). Teacher-forced (the target derivation
+given, one pass per prompt), this finds in each copy the first token after the name whose argmax
+is wrong, causally (AR) and in block mode with the whole block masked, and tells:
+
+  verb       the first token or two after the name (`is` against `has none of these`)
+  separator  a space, comma, `and` or the full stop between the properties
+  word       a property
+
+and whether the wrong token is what another pilot's prompt line writes after the same words
+(`Mia is licensed` + `.`, from `Fay is licensed.`): a copy that follows the words it has just
+written, as an induction head does, into the wrong line. Joint's prompts have up to three fact
+lines over three base properties, so lines share words often.
+
+    python benchmarks/fact_copies.py --limit 200 --seed 8
+    python benchmarks/fact_copies.py --model runs/conv8/final --limit 200 --seed 8
+"""
+
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import embedded_probe_parser, load_probe_model, task_options  # noqa: E402
+
+# a derivation line's copy of a fact line: after the question, or after a keyed rule written right after it
+FACT_COPY = re.compile(r"\? (?:\w+: [^.]+\. )?((\w+) (?:is [^.]+|has none of these)\.)")
+PROMPT_FACT = re.compile(r"^(\w+) ((?:is [^.]+|has none of these)\.)$", re.MULTILINE)
+PLACES = ("verb", "separator", "word")
+SEPARATORS = {"", ",", "and", "."}
+
+
+def copies(reasoning: str) -> list[tuple[str, int, int]]:
+    """`(pilot, start, end)` of each fact-line copy in a derivation: the characters after the name,
+    from its space to the full stop."""
+    return [(m[2], m.start(1) + len(m[2]), m.end(1)) for m in FACT_COPY.finditer(reasoning)]
+
+
+def prompt_lines(prompt: str) -> dict[str, str]:
+    """{pilot: what its fact line writes after the name} (`" is licensed and trained."`)."""
+    return {m[1]: " " + m[2] for m in PROMPT_FACT.finditer(prompt)}
+
+
+def place(k: int, token: str) -> str:
+    """Where the `k`-th token after the name is: the verb (the first two), a separator, a word."""
+    return "verb" if k <= 1 else "separator" if token.strip() in SEPARATORS else "word"
+
+
+def from_another_line(written: str, predicted: str, pilot: str, lines: dict[str, str]) -> bool:
+    """Whether another pilot's fact line goes on with `predicted` after the words `written` (both
+    the text after the name)."""
+    return any(line.startswith(written + predicted) for other, line in lines.items() if other != pilot)
+
+
+def table(model, tokenizer, examples) -> list[str]:
+    """Per mode, the copies, those right throughout, and the wrong ones by where their first wrong
+    token is and whether another line writes it there."""
+    from clover.evaluation.field_loss import teacher_forced
+
+    counts = {mode: Counter() for mode in ("AR", "block")}
+    for example in examples:
+        lines = prompt_lines(example.prompt)
+        forced = teacher_forced(model, tokenizer, example)
+        at = forced.answer.index(example.reasoning)
+        for pilot, start, end in copies(example.reasoning):
+            inside = forced.tokens(at + start, at + end)
+            for mode, logits in (("AR", forced.ar), ("block", forced.diff)):
+                right = [forced.right[mode][k] for k in inside]
+                counts[mode]["copies"] += 1
+                if all(right):
+                    counts[mode]["right"] += 1
+                    continue
+                j = right.index(False)
+                tokens = [tokenizer.decode([t]) for t in forced.targets[inside].tolist()]
+                predicted = tokenizer.decode([int(logits[inside[j]].argmax())])
+                counts[mode][place(j, tokens[j])] += 1
+                counts[mode]["another line"] += from_another_line("".join(tokens[:j]), predicted, pilot, lines)
+    head = f"{'mode':<8}{'copies':>8}{'right':>8}" + "".join(f"{p:>11}" for p in PLACES) + f"{'another line':>14}"
+    rows = [head]
+    for mode, c in counts.items():
+        rows.append(f"{mode:<8}{c['copies']:>8}{c['right']:>8}" + "".join(f"{c[p]:>11}" for p in PLACES)
+                    + f"{c['another line']:>14}")
+    return rows
+
+
+def main() -> None:
+    import torch
+
+    from clover.data import eval_examples, get_task
+
+    parser = embedded_probe_parser(__doc__, limit=200, limit_help="joint prompts", seed=8)
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=JSON",
+                        help='a joint task option for the prompts (repeatable), e.g. line_rules="keyed_first"')
+    args = parser.parse_args()
+    path, model, tokenizer = load_probe_model(args)
+    examples = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint", **task_options(args.option))])
+    print(f"model {path}, {len(examples)} joint prompts (seed {args.seed}), teacher-forced; the first wrong token "
+          f"of each wrong fact-line copy\n")
+    with torch.inference_mode():
+        print("\n".join(table(model, tokenizer, examples)))
+
+
+if __name__ == "__main__":
+    main()
