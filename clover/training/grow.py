@@ -42,7 +42,8 @@ taps reach further back (the old taps are the last ones, next to the current tok
 right taps further ahead (the old taps are the first ones); the new taps start at zero. The window
 is what a GDN layer mixes from the tokens just before a position before its delta rule; with a space
 token between words, four taps hold two words, and a copy of a list that has to know which line it
-is in needs the line's first word within reach. Recipe key `model.grow_conv_kernel`.
+is in needs the line's first word within reach. Recipe keys `model.grow_conv_kernel` and, for the new
+taps' learning rate, `model.grow_conv_lr` (`new_conv_scales`).
 """
 
 import copy
@@ -280,3 +281,11 @@ def grow_conv(model, kernel: int):
     if not kernel or kernel == model.config.linear_conv_kernel_dim:
         return model
     return like(widen_silently(model, conv_widened_config(model.config, kernel), seed=0), model)
+
+
+def new_conv_scales(model, old_kernel: int, lr_scale: float) -> dict[str, torch.Tensor]:
+    """Parameter name -> per-element update multiplier for each conv tap tensor that `grow_conv`
+    widened from `old_kernel` taps: `lr_scale` on the new taps, 1 on the old."""
+    narrow = copy.deepcopy(model.config)
+    narrow.linear_conv_kernel_dim = old_kernel
+    return new_part_scales(model, narrow, lr_scale)

@@ -12,7 +12,8 @@
                                                           "grow_experts": <extra units per routed expert>,
                                                           "grow_shared_expert": <extra shared-expert units>,
                                                           "grow_experts_lr": <the new units' lr multiple>,
-                                                          "grow_conv_kernel": <GDN short-conv taps>},
+                                                          "grow_conv_kernel": <GDN short-conv taps>,
+                                                          "grow_conv_lr": <the new taps' lr multiple>},
       "tokenizer": {"train": true, "vocab_size": 3000, "n_examples": 3000, "seed": 0,
                     "spacing": "own", "tasks": [...]} | {"path": "dir"},
       "data": {"source": "tasks", "tasks": ["airspace", "joint", "record"], "n_train": 20000,
@@ -58,6 +59,7 @@ class ModelRecipe:
     grow_shared_expert: int = 0  # with `init`: and this many in each shared expert
     grow_experts_lr: float = 1.0  # the new units' learning rate, as a multiple of the run's
     grow_conv_kernel: int = 0  # with `init`: widen every GDN short conv to this many taps, the new ones zero
+    grow_conv_lr: float = 1.0  # the new taps' learning rate, as a multiple of the run's
 
     def __post_init__(self):
         if not self.config and self.init is None and self.preset is None:
@@ -83,6 +85,11 @@ class ModelRecipe:
         if self.grow_conv_kernel and self.init is None:
             raise ValueError(f"recipe.model.grow_conv_kernel={self.grow_conv_kernel} needs `init` (a trained "
                              "model to grow)")
+        if not self.grow_conv_lr > 0:
+            raise ValueError(f"recipe.model.grow_conv_lr={self.grow_conv_lr} must be > 0")
+        if self.grow_conv_lr != 1 and not self.grow_conv_kernel:
+            raise ValueError(f"recipe.model.grow_conv_lr={self.grow_conv_lr} needs grow_conv_kernel "
+                             "(new taps to scale)")
         if not self.grow_experts_lr > 0:
             raise ValueError(f"recipe.model.grow_experts_lr={self.grow_experts_lr} must be > 0")
         if self.grow_experts_lr != 1 and not any(units.values()):

@@ -20,7 +20,7 @@ from .evaluation import combine, loss_evaluator, task_evaluator
 from .export import export_checkpoint
 from .fit import fit_steps, fitted_config, forget_fit, measure_step_seconds, save_fit
 from .grow import (conv_widened_config, experts_widened_config, grow_conv, grow_experts, grow_heads, grow_layers,
-                   grown_config, new_expert_scales, new_head_scales, widened_config)
+                   grown_config, new_conv_scales, new_expert_scales, new_head_scales, widened_config)
 from .mining import mine_hard_pairs
 from .recipe import ModelRecipe, Recipe, save_recipe
 from .sharding import full_state_dict, is_sharded
@@ -116,12 +116,17 @@ def fresh_model(recipe: Recipe, roles: TokenRoles, vocab_size: int):
 
 def grown_part_scales(model, grow: ModelRecipe) -> dict[str, torch.Tensor] | None:
     """Per-element update multipliers for the parts that growth added at their own learning rate
-    (new heads, new expert units), or None when every part trains at the run's rate."""
+    (new heads, new expert units, new conv taps), or None when every part trains at the run's rate."""
     scales = {}
     if grow.grow_heads_lr != 1:
         scales.update(new_head_scales(model, grow.grow_heads, grow.grow_heads_lr))
     if grow.grow_experts_lr != 1:
         scales.update(new_expert_scales(model, grow.grow_experts, grow.grow_shared_expert, grow.grow_experts_lr))
+    if grow.grow_conv_lr != 1:
+        from clover.info import config_from_dir
+
+        old_kernel = config_from_dir(grow.init).linear_conv_kernel_dim
+        scales.update(new_conv_scales(model, old_kernel, grow.grow_conv_lr))
     return scales or None
 
 

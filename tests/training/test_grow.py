@@ -6,8 +6,8 @@ import torch
 from tiny import TINY_MASK, random_ids, tiny_model
 
 from clover.training.grow import (conv_widened_config, experts_widened_config, grow_conv, grow_experts, grow_heads,
-                                  grow_layers, grown_config, layer_sources, new_expert_scales, new_head_scales,
-                                  widened_config)
+                                  grow_layers, grown_config, layer_sources, new_conv_scales, new_expert_scales,
+                                  new_head_scales, widened_config)
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +251,20 @@ def test_widened_conv_decodes_what_the_init_decodes(conv):
     ids = random_ids(1, 11, seed=4)
     settings = dict(block_size=8, max_new_tokens=24, eos_token_id=[])
     assert torch.equal(wide.generate(ids, **settings), model.generate(ids, **settings))
+
+
+def test_new_conv_scales_mark_exactly_the_new_taps(conv):
+    _, wide = conv
+    scales = new_conv_scales(wide, 4, 10.0)
+    assert sorted({name.split(".linear_attn.")[1] for name in scales}) == ["conv1d.weight", "conv_right_weight"]
+    gdn = "model.layers.0.linear_attn"
+    causal, right = scales[f"{gdn}.conv1d.weight"], scales[f"{gdn}.conv_right_weight"]
+    assert (causal[..., :4] == 10).all() and (causal[..., 4:] == 1).all()
+    assert (right[:, :4] == 1).all() and (right[:, 4:] == 10).all()
+    with pytest.raises(ValueError, match="grow_conv_lr=10.0 needs grow_conv_kernel"):
+        from clover.training.recipe import ModelRecipe
+
+        ModelRecipe(init="x", grow_conv_lr=10.0)
 
 
 def test_training_reaches_the_new_taps():
