@@ -11,6 +11,7 @@ from typing import Any
 from clover.data.tasks.airspace import AirspaceTask
 from clover.data.tasks.base import SPLITS, Example, Task, split_of
 from clover.data.tasks.copy import CopyTask
+from clover.data.tasks.facts import FactLookupTask
 from clover.data.tasks.joint import JointTask
 from clover.data.tasks.record import RecordTask
 from clover.data.tasks.rules import RuleLookupTask
@@ -21,6 +22,7 @@ TASKS: dict[str, type[Task]] = {
     RecordTask.name: RecordTask,
     CopyTask.name: CopyTask,
     RuleLookupTask.name: RuleLookupTask,
+    FactLookupTask.name: FactLookupTask,
 }
 # What `clover eval` and the default mixtures use: every task but the curriculum ones.
 EVAL_TASKS: tuple[str, ...] = tuple(name for name, cls in TASKS.items() if not cls.curriculum)
