@@ -10,8 +10,10 @@ the line's first property (``benchmarks/owner_probe.py``).
 The drill keeps joint's prompt (rules, facts, numbered questions; its own instruction) and its
 lines, but every prompt has two or three pilots, redrawn until two of their lines share a prefix
 and then differ (so that only the line's pilot tells which to follow), and each answer line stops
-after the fact line: ``1. Is Mia cleared? Mia is licensed and trained.``. ``curriculum = True``
-keeps it out of ``EVAL_TASKS`` and of the default mixtures.
+after the fact line: ``1. Is Mia cleared? Mia is licensed and trained.``. Measured from the
+embedded model, the drill is learned slowly and joint's fact lines do not gain (BENCHMARKS.md, "The
+fact lines follow a shared word"). ``curriculum = True`` keeps it out of ``EVAL_TASKS`` and of the
+default mixtures.
 """
 
 from __future__ import annotations

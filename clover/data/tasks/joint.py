@@ -83,7 +83,8 @@ Measured with a fitted lookup layer, the keyed copies and the verdicts are then 
 sentence copy and the fact line slip (BENCHMARKS.md, "Keyed rule before the fact line").
 ``line_rules="keyed_before_fact"`` writes the keyed copy before the fact line and no sentence: ``2. Is
 Kim cleared? cleared: licensed and rested. Kim is rested. no``, so the verdict follows the fact line,
-its conditions one line back.
+its conditions one line back. Measured from the embedded model, that verdict leans to "no" (BENCHMARKS.md,
+"The fact lines follow a shared word").
 
 With ``derive="scan"`` (a training option; the default ``"lookup"`` writes the rule behind the
 property) a derived line copies the rules in prompt order up to and including the one behind the
