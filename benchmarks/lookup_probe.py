@@ -142,6 +142,21 @@ def most_common_share(labels: list[str], train_share: float = 0.75, scored: list
     return max(rest.count(label) for label in set(rest)) / len(rest)
 
 
+def layer_table_head(model, columns: list[str]) -> list[str]:
+    """The two header rows of a markdown table of probes by layer: `columns`, then the embedding and
+    each decoder layer, right-aligned."""
+    layers = ["embedding", *(f"layer {k}" for k in range(len(model.model.layers)))]
+    return ["| " + " | ".join([*columns, *layers]) + " |",
+            "|---|" + "---:|" * (len(columns) - 1 + len(layers))]
+
+
+def layer_cells(features: list[torch.Tensor], labels: list[str], scored: list[bool] | None = None) -> list[str]:
+    """A probe's held-out accuracy (`probe_accuracy`) after the embedding and each decoder layer, as
+    table cells, from residuals [L + 1, D] per sample."""
+    stacked = torch.stack(features)  # [N, L + 1, D]
+    return [f"{probe_accuracy(stacked[:, k].float(), labels, scored=scored):.2f}" for k in range(stacked.shape[1])]
+
+
 def joint_probe_inputs(doc: str):
     """(args, path, model in eval mode, tokenizer, joint examples) for a probe of joint's derivation
     lines: the embedded probe's options plus --line-rules, 400 prompts of seed 20 by default."""

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fact_copies import FACT_COPY, PROMPT_FACT  # noqa: E402
-from lookup_probe import joint_probe_inputs, most_common_share, probe_accuracy, residuals  # noqa: E402
+from lookup_probe import joint_probe_inputs, layer_cells, layer_table_head, most_common_share, residuals  # noqa: E402
 
 PLACES = ("prompt, first word", "prompt, later", "copy, first word", "copy, later")
 
@@ -70,12 +70,10 @@ def main() -> None:
         samples = owner_samples(model, tokenizer, examples)
     print(f"model {path}, {args.limit} joint prompts of seed {args.seed} (those with two or three pilots): "
           f"which pilot's line each token is in, probes fitted on the first 3/4, held-out accuracy\n")
-    layers = ["embedding", *(f"layer {k}" for k in range(len(model.model.layers)))]
-    print("| tokens | n | most common label | " + " | ".join(layers) + " |")
-    print("|---|---:|" + "---:|" * (len(layers) + 1))
+    print("\n".join(layer_table_head(model, ["tokens", "n", "most common label"])))
     for place in PLACES:
-        stacked, labels = torch.stack(samples[place][0]), samples[place][1]  # [N, L + 1, D]
-        cells = [f"{probe_accuracy(stacked[:, k].float(), labels):.2f}" for k in range(stacked.shape[1])]
+        features, labels = samples[place]
+        cells = layer_cells(features, labels)
         print(f"| {place} | {len(labels)} | {most_common_share(labels):.2f} | " + " | ".join(cells) + " |")
 
 

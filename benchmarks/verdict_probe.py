@@ -30,7 +30,8 @@ from clover.data.tasks.joint import length_misleads
 
 sys.path.insert(0, str(Path(__file__).parent))
 from joint_errors import fact_words, line_parts, rule_conditions  # noqa: E402
-from lookup_probe import joint_probe_inputs, most_common_share, probe_accuracy, residuals, token_at  # noqa: E402
+from lookup_probe import (joint_probe_inputs, layer_cells, layer_table_head, most_common_share, residuals,  # noqa: E402
+                          token_at)
 
 MISLEADS = "verdict, where the length misleads"
 PROBES = ("verdict", MISLEADS, "first condition held", "second condition held", "stated")
@@ -82,15 +83,12 @@ def main() -> None:
     print(f"model {path}, {args.limit} joint prompts of seed {args.seed}: {len(verdicts)} derived lines "
           f"({sum(subset[held_out:])} held-out where the length misleads), probes fitted on the first 3/4, "
           f"held-out accuracy\n")
-    layers = ["embedding", *(f"layer {k}" for k in range(len(model.model.layers)))]
-    print("| probe | most common label | " + " | ".join(layers) + " |")
-    print("|---|" + "---:|" * (len(layers) + 1))
+    print("\n".join(layer_table_head(model, ["probe", "most common label"])))
     for probe in PROBES:
-        stacked, labels = torch.stack(samples[probe][0]), samples[probe][1]  # [N, L + 1, D]
+        features, labels = samples[probe]
         scored = subset if probe == MISLEADS else None
-        common = most_common_share(labels, scored=scored)
-        cells = [f"{probe_accuracy(stacked[:, k].float(), labels, scored=scored):.2f}" for k in range(stacked.shape[1])]
-        print(f"| {probe} | {common:.2f} | " + " | ".join(cells) + " |")
+        cells = layer_cells(features, labels, scored)
+        print(f"| {probe} | {most_common_share(labels, scored=scored):.2f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
