@@ -560,3 +560,16 @@ def test_airspace_amendments_copy_each_amendment_notice_into_its_zone_line(check
     assert kinds == {"radius", "window"}
     with pytest.raises(ValueError, match="amendments=True and radii=True"):
         get_task("airspace", amendments=True, radii=True)
+
+
+def test_count_ranges_are_refused_by_value():
+    """Every task's min/max option pair is checked by one rule that names both options and the values."""
+    for task, options, message in (
+            ("copy", {"min_fragments": 5, "max_fragments": 4}, "need 1 <= min_fragments <= max_fragments, got 5..4"),
+            ("airspace", {"min_notices": 1, "max_notices": 999},
+             r"need 1 <= min_notices <= max_notices <= \d+, got 1..999"),
+            ("joint", {"min_questions": 1, "max_questions": 4},
+             "need 2 <= min_questions <= max_questions <= 8, got 1..4"),
+            ("rules", {"min_questions": 0}, "need 1 <= min_questions <= max_questions, got 0..4")):
+        with pytest.raises(ValueError, match=message):
+            get_task(task, **options)

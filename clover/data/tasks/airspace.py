@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clover.data.tasks import timefmt
-from clover.data.tasks.base import Example, Task, check_layout, clean_output
+from clover.data.tasks.base import Example, Task, check_count_range, check_layout, clean_output
 from clover.data.tasks.vocab import PLACES
 
 MAX_NOTICES = 20
@@ -118,9 +118,7 @@ class AirspaceTask(Task):
     def __init__(self, min_notices: int = 1, max_notices: int = 4, nautical_miles: bool = False,
                  wordings: int = 1, time_forms: int = 2, reasoning: bool = True, modifiers_last: float = 0.0,
                  checks: str = "", radii: bool = False, amendments: bool = False):
-        if not 1 <= min_notices <= max_notices <= MAX_NOTICES:
-            raise ValueError(f"need 1 <= min_notices <= max_notices <= {MAX_NOTICES}, "
-                             f"got {min_notices}..{max_notices}")
+        check_count_range("notices", min_notices, max_notices, most=MAX_NOTICES)
         if not 1 <= wordings <= len(_ZONE_TEMPLATES):
             raise ValueError(f"wordings={wordings} must be in 1..{len(_ZONE_TEMPLATES)}")
         if not 1 <= time_forms <= timefmt.N_WINDOW_FORMS:

@@ -44,6 +44,14 @@ class Example:
     reasoning: str = ""
 
 
+def check_count_range(name: str, low: int, high: int, least: int = 1, most: int | None = None) -> None:
+    """Refuse a task's `min_<name>`..`max_<name>` option pair unless `least <= low <= high` (and
+    `high <= most`), naming both options and the values given."""
+    if not least <= low <= high or (most is not None and high > most):
+        limit = "" if most is None else f" <= {most}"
+        raise ValueError(f"need {least} <= min_{name} <= max_{name}{limit}, got {low}..{high}")
+
+
 def split_of(prompt: str) -> str:
     """The split that owns ``prompt``: ``"eval"`` or ``"train"`` (pure function of text)."""
     digest = hashlib.sha256(prompt.encode("utf-8")).digest()

@@ -16,7 +16,7 @@ import random
 from typing import Any
 
 from clover.data.tasks import timefmt
-from clover.data.tasks.base import Example, Task, clean_output
+from clover.data.tasks.base import Example, Task, check_count_range, clean_output
 from clover.data.tasks.vocab import DRONE_MODELS, FIRST_NAMES, PLACES, PURPOSES, SURNAMES
 
 INSTRUCTION = "Repeat the following text exactly."
@@ -52,8 +52,7 @@ class CopyTask(Task):
     curriculum = True
 
     def __init__(self, min_fragments: int = 6, max_fragments: int = 24):
-        if not 1 <= min_fragments <= max_fragments:
-            raise ValueError(f"need 1 <= min_fragments <= max_fragments, got {min_fragments}..{max_fragments}")
+        check_count_range("fragments", min_fragments, max_fragments)
         self.min_fragments, self.max_fragments = min_fragments, max_fragments
 
     def sample(self, rng: random.Random) -> Example:

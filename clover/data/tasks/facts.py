@@ -23,7 +23,7 @@ import re
 from itertools import combinations
 from typing import Any
 
-from clover.data.tasks.base import Example, Task, clean_output
+from clover.data.tasks.base import Example, Task, check_count_range, clean_output
 from clover.data.tasks.joint import BASE, MAX_PEOPLE, draw_rules, fact_line, render
 from clover.data.tasks.vocab import FIRST_NAMES
 
@@ -43,8 +43,7 @@ class FactLookupTask(Task):
     curriculum = True
 
     def __init__(self, min_questions: int = 2, max_questions: int = 4):
-        if not 1 <= min_questions <= max_questions:
-            raise ValueError(f"need 1 <= min_questions <= max_questions, got {min_questions}..{max_questions}")
+        check_count_range("questions", min_questions, max_questions)
         self.min_questions, self.max_questions = min_questions, max_questions
 
     def sample(self, rng: random.Random) -> Example:

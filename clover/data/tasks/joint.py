@@ -129,7 +129,7 @@ import random
 import re
 from typing import Any
 
-from clover.data.tasks.base import CHECK_LAYOUTS, Example, Task, check_layout, clean_output
+from clover.data.tasks.base import CHECK_LAYOUTS, Example, Task, check_count_range, check_layout, clean_output
 from clover.data.tasks.vocab import FIRST_NAMES
 
 MIN_QUESTIONS, MAX_QUESTIONS = 2, 8
@@ -165,9 +165,7 @@ class JointTask(Task):
                  facts: str = "stated", rules: str = "sentence", ask_derived: bool = True,
                  min_people: int = 1, derive: str = "lookup", line_rules: str | None = None,
                  hard_verdicts: float = 0.0):
-        if not MIN_QUESTIONS <= min_questions <= max_questions <= MAX_QUESTIONS:
-            raise ValueError(f"need {MIN_QUESTIONS} <= min_questions <= max_questions <= {MAX_QUESTIONS}, "
-                             f"got {min_questions}..{max_questions}")
+        check_count_range("questions", min_questions, max_questions, least=MIN_QUESTIONS, most=MAX_QUESTIONS)
         if not 1 <= min_people <= MAX_PEOPLE:
             raise ValueError(f"min_people must be 1..{MAX_PEOPLE}, got {min_people}")
         if max_rules not in (2, 3):

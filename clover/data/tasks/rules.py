@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from clover.data.tasks.base import Example, Task, clean_output
+from clover.data.tasks.base import Example, Task, check_count_range, clean_output
 from clover.data.tasks.joint import (BASE, DERIVED, MAX_PEOPLE, RULE_FORMS, draw_rules, fact_line, render,
                                      rule_line)
 from clover.data.tasks.vocab import FIRST_NAMES
@@ -44,8 +44,7 @@ class RuleLookupTask(Task):
             raise ValueError(f"rules={rules!r} must be one of {RULE_FORMS}")
         if not 2 <= max_rules <= len(DERIVED):
             raise ValueError(f"max_rules must be 2..{len(DERIVED)}, got {max_rules}")
-        if not 1 <= min_questions <= max_questions:
-            raise ValueError(f"need 1 <= min_questions <= max_questions, got {min_questions}..{max_questions}")
+        check_count_range("questions", min_questions, max_questions)
         self.max_rules = max_rules
         self.min_questions, self.max_questions = min_questions, max_questions
         self.rules = rules
