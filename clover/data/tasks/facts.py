@@ -24,7 +24,7 @@ from itertools import combinations
 from typing import Any
 
 from clover.data.tasks.base import Example, Task, check_count_range, clean_output
-from clover.data.tasks.joint import BASE, MAX_PEOPLE, draw_rules, fact_line, render
+from clover.data.tasks.joint import BASE, MAX_PEOPLE, draw_facts, draw_rules, fact_line, render
 from clover.data.tasks.vocab import FIRST_NAMES
 
 INSTRUCTION = "Write the fact line behind each question."
@@ -52,7 +52,7 @@ class FactLookupTask(Task):
         props = base + [derived for derived, _ in rules]
         people = rng.sample(FIRST_NAMES, rng.randint(2, MAX_PEOPLE))
         while True:
-            facts = {p: {b for b in base if rng.random() < 0.55} for p in people}
+            facts = draw_facts(rng, people, base)
             lines = [fact_line(p, facts[p], base, "stated")[len(p) + 1:] for p in people]
             if confusable(lines):
                 break

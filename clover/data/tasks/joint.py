@@ -227,7 +227,7 @@ class JointTask(Task):
         n_q = rng.randint(self.min_questions, self.max_questions)
         n_people = rng.randint(max(-(-n_q // askable), self.min_people), MAX_PEOPLE)
         people = rng.sample(FIRST_NAMES, n_people)
-        facts = {p: {b for b in base if rng.random() < 0.55} for p in people}
+        facts = draw_facts(rng, people, base)
         truth = {p: _closure(facts[p], rules) for p in people}
         every = [(i, j) for i in range(n_people) for j in range(askable)]
         if self.balanced:
@@ -257,9 +257,9 @@ class JointTask(Task):
         if self.derive == "scan" and behind:
             written = rules[:rules.index(behind[-1]) + 1]
         question, fact = f"{k}. Is {pilot} {prop}?", fact_line(pilot, held, base, self.facts)
-        if self.line_rules in _KEYED_BEFORE_FACT:  # the keyed lookup right after the question, [its sentence after
-            words = [question, *(rule_line(rule, "keyed") for rule in written), fact]  # the fact line]
-            if self.line_rules == "keyed_first":
+        if self.line_rules in _KEYED_BEFORE_FACT:  # the keyed lookup right after the question
+            words = [question, *(rule_line(rule, "keyed") for rule in written), fact]
+            if self.line_rules == "keyed_first":  # and its sentence after the fact line
                 words += [rule_line(rule, "sentence") for rule in written]
         else:
             words = [question, fact, *(rule_line(rule, self.line_rules) for rule in written)]
@@ -329,6 +329,11 @@ def _balanced_pairs(rng: random.Random, every: list[tuple[int, int]], holds, n_b
         left.remove(pair)
         pairs.append(pair)
     return pairs
+
+
+def draw_facts(rng: random.Random, people: list[str], base: list[str]) -> dict[str, set[str]]:
+    """{pilot: the base properties its fact line states}, each stated with probability 0.55."""
+    return {p: {b for b in base if rng.random() < 0.55} for p in people}
 
 
 def draw_rules(rng: random.Random, base: list[str], max_rules: int, chain: bool) -> list[Rule]:

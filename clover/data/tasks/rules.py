@@ -25,8 +25,8 @@ import random
 from typing import Any
 
 from clover.data.tasks.base import Example, Task, check_count_range, clean_output
-from clover.data.tasks.joint import (BASE, DERIVED, MAX_PEOPLE, RULE_FORMS, draw_rules, fact_line, render,
-                                     rule_line)
+from clover.data.tasks.joint import (BASE, DERIVED, MAX_PEOPLE, RULE_FORMS, draw_facts, draw_rules, fact_line,
+                                     render, rule_line)
 from clover.data.tasks.vocab import FIRST_NAMES
 
 INSTRUCTION = "Write the rule that decides each question."
@@ -55,7 +55,7 @@ class RuleLookupTask(Task):
         while len({conditions for _, conditions in rules}) < len(rules):  # each lookup tells rules apart
             rules = draw_rules(rng, base, self.max_rules, chain=False)
         people = rng.sample(FIRST_NAMES, rng.randint(1, MAX_PEOPLE))
-        facts = {p: {b for b in base if rng.random() < 0.55} for p in people}
+        facts = draw_facts(rng, people, base)
         every = [(i, j) for i in range(len(people)) for j in range(len(rules))]
         n_q = min(rng.randint(self.min_questions, self.max_questions), len(every))
         asked = [(people[i], rules[j]) for i, j in sorted(rng.sample(every, n_q))]  # (pilot, rule)
