@@ -18,30 +18,41 @@ lines over three base properties, so lines share words often.
     python benchmarks/fact_copies.py --model runs/conv8/final --limit 200 --seed 8
 """
 
-import re
 import sys
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import embedded_probe_parser, load_probe_model, task_options  # noqa: E402
+from joint_errors import part_spans  # noqa: E402
+from lookup_head import FACT_LINE  # noqa: E402
 
-# a derivation line's copy of a fact line: after the question, or after a keyed rule written right after it
-FACT_COPY = re.compile(r"\? (?:\w+: [^.]+\. )?((\w+) (?:is [^.]+|has none of these)\.)")
-PROMPT_FACT = re.compile(r"^(\w+) ((?:is [^.]+|has none of these)\.)$", re.MULTILINE)
 PLACES = ("verb", "separator", "word")
 SEPARATORS = {"", ",", "and", "."}
 
 
 def copies(reasoning: str) -> list[tuple[str, int, int]]:
-    """`(pilot, start, end)` of each fact-line copy in a derivation: the characters after the name,
-    from its space to the full stop."""
-    return [(m[2], m.start(1) + len(m[2]), m.end(1)) for m in FACT_COPY.finditer(reasoning)]
+    """`(pilot, start, end)` of each fact-line copy in a derivation (its line's fact piece,
+    `joint_errors.part_spans`, wherever a keyed rule puts it): the characters after the name, from
+    its space through the full stop."""
+    found, at = [], 0
+    for line in reasoning.split("\n"):
+        for part, a, b in part_spans(line):
+            if part == "fact":
+                pilot = line[a:b].split(" ", 1)[0]
+                found.append((pilot, at + a + len(pilot), at + b + 1))
+        at += len(line) + 1
+    return found
+
+
+def prompt_spans(prompt: str) -> list[tuple[str, int, int]]:
+    """`(pilot, start, end)` of each prompt fact line, spanned as `copies` spans a copy."""
+    return [(m[1], m.start() + len(m[1]), m.end()) for m in FACT_LINE.finditer(prompt)]
 
 
 def prompt_lines(prompt: str) -> dict[str, str]:
     """{pilot: what its fact line writes after the name} (`" is licensed and trained."`)."""
-    return {m[1]: " " + m[2] for m in PROMPT_FACT.finditer(prompt)}
+    return {pilot: prompt[a:b] for pilot, a, b in prompt_spans(prompt)}
 
 
 def place(k: int, token: str) -> str:
@@ -67,6 +78,7 @@ def table(model, tokenizer, examples) -> list[str]:
         at = forced.answer.index(example.reasoning)
         for pilot, start, end in copies(example.reasoning):
             inside = forced.tokens(at + start, at + end)
+            tokens = [tokenizer.decode([t]) for t in forced.targets[inside].tolist()]
             for mode, logits in (("AR", forced.ar), ("block", forced.diff)):
                 right = [forced.right[mode][k] for k in inside]
                 counts[mode]["copies"] += 1
@@ -74,7 +86,6 @@ def table(model, tokenizer, examples) -> list[str]:
                     counts[mode]["right"] += 1
                     continue
                 j = right.index(False)
-                tokens = [tokenizer.decode([t]) for t in forced.targets[inside].tolist()]
                 predicted = tokenizer.decode([int(logits[inside[j]].argmax())])
                 counts[mode][place(j, tokens[j])] += 1
                 counts[mode]["another line"] += from_another_line("".join(tokens[:j]), predicted, pilot, lines)

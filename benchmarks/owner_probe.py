@@ -24,16 +24,22 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fact_copies import FACT_COPY, PROMPT_FACT  # noqa: E402
+from fact_copies import copies, prompt_spans  # noqa: E402
 from lookup_probe import joint_probe_inputs, layer_cells, layer_table_head, most_common_share, residuals  # noqa: E402
 
 PLACES = ("prompt, first word", "prompt, later", "copy, first word", "copy, later")
 
 
 def list_tokens(offsets: list[tuple[int, int]], start: int, end: int) -> list[int]:
-    """The tokens of a fact line's list: those inside characters [start, end), the text after
-    `<pilot> is ` (or `<pilot> `) up to the full stop."""
+    """The tokens inside characters [start, end)."""
     return [k for k, (a, b) in enumerate(offsets) if start <= a and b <= end and b > a]
+
+
+def list_span(text: str, start: int, end: int) -> tuple[int, int]:
+    """The list of a fact line whose text after the pilot spans [start, end) (`fact_copies`): from
+    after `is ` to the full stop (` is a and b.` -> `a and b`; ` has none of these.` -> `has none of
+    these`)."""
+    return start + (len(" is ") if text.startswith(" is ", start) else 1), end - 1
 
 
 def owner_samples(model, tokenizer, examples) -> dict[str, tuple[list[torch.Tensor], list[str]]]:
@@ -42,21 +48,20 @@ def owner_samples(model, tokenizer, examples) -> dict[str, tuple[list[torch.Tens
 
     samples = {place: ([], []) for place in PLACES}
     for example in examples:
-        lines = list(PROMPT_FACT.finditer(example.prompt))
+        lines = prompt_spans(example.prompt)
         if len(lines) < 2:
             continue
         chat = format_chat(tokenizer, example, enable_thinking=True)
-        encoded = tokenizer(chat.prompt + chat.answer, add_special_tokens=False, return_offsets_mapping=True)
+        text = chat.prompt + chat.answer
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         offsets = [tuple(span) for span in encoded["offset_mapping"]]
         stream = residuals(model, encoded.input_ids)
         at_prompt = chat.prompt.index(example.prompt)
         at_answer = len(chat.prompt) + chat.answer.index(example.reasoning)
-        spans = [("prompt", m[1], at_prompt + m.start(2), at_prompt + m.end(2) - 1) for m in lines]
-        spans += [("copy", m[2], at_answer + m.start(1) + len(m[2]) + 1, at_answer + m.end(1) - 1)
-                  for m in FACT_COPY.finditer(example.reasoning)]
-        text = chat.prompt + chat.answer
+        spans = [("prompt", pilot, at_prompt + a, at_prompt + b) for pilot, a, b in lines]
+        spans += [("copy", pilot, at_answer + a, at_answer + b) for pilot, a, b in copies(example.reasoning)]
         for side, pilot, start, end in spans:
-            start += 3 if text.startswith("is ", start) else 0  # the list starts after `is` (`has none` is one)
+            start, end = list_span(text, start, end)
             for j, k in enumerate(list_tokens(offsets, start, end)):
                 place = f"{side}, {'first word' if j == 0 else 'later'}"
                 samples[place][0].append(stream[:, k])

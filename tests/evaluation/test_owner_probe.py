@@ -9,17 +9,20 @@ from clover.data import eval_examples, get_task
 from benchmark_script import load_benchmark
 
 owner_probe = load_benchmark("owner_probe")
+# the prompt's fact lines and the derivation's copies of them, found independently of the probe
+PROMPT_FACT = re.compile(r"^(\w+) ((?:is [^.]+|has none of these)\.)$", re.MULTILINE)
+FACT_COPY = re.compile(r"\? (?:\w+: [^.]+\. )?((\w+) (?:is [^.]+|has none of these)\.)")
 
 
 def test_samples_are_the_list_tokens_of_each_line_with_two_or_more_pilots(model, tokenizer):
     examples = eval_examples(12, seed=0, tasks=[get_task("joint")])
     with torch.inference_mode():
         samples = owner_probe.owner_samples(model, tokenizer, examples)
-    several = [e for e in examples if len(owner_probe.PROMPT_FACT.findall(e.prompt)) >= 2]
+    several = [e for e in examples if len(PROMPT_FACT.findall(e.prompt)) >= 2]
     assert several and set(samples) == set(owner_probe.PLACES)
-    lines = [(m[1], m[2]) for e in several for m in owner_probe.PROMPT_FACT.finditer(e.prompt)]
+    lines = [(m[1], m[2]) for e in several for m in PROMPT_FACT.finditer(e.prompt)]
     assert len(samples["prompt, first word"][1]) == len(lines)  # one first word per line
-    copies = [m for e in several for m in owner_probe.FACT_COPY.finditer(e.reasoning)]
+    copies = [m for e in several for m in FACT_COPY.finditer(e.reasoning)]
     assert len(samples["copy, first word"][1]) == len(copies)
     words = sum(len(re.findall(r"\w+", text.removeprefix("is "))) for _, text in lines)
     assert len(samples["prompt, later"][1]) >= words - len(lines)  # every later word (and the spaces)
