@@ -12,6 +12,7 @@ Causal logits at a token predict the next one (L_AR); block logits at a position
 token there (L_diff). Loss only on response targets (EOS padding included).
 """
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 from .cache_handle import with_handles
 from .copy_attention import KeyTokens, RecordedAttention, copy_attention_loss, copy_sources, key_sources
 from .data import Batch
+from .line_owner import OwnerTokens, RecordedResiduals, batch_owners, line_owner_loss
 from .noising import BlockNoise
 
 
@@ -38,6 +40,7 @@ class LossResult:
     num_targets: int  # response tokens with loss (EOS padding included)
     num_masked: int  # of those, masked in the noisy stream
     l_copy: torch.Tensor | None = None  # scalar, the copy supervision's loss (copy_attention.py), when on
+    l_owner: torch.Tensor | None = None  # scalar, the line-owner supervision's loss (line_owner.py), when on
 
 
 def stream_logits(model, batch: Batch, noisy_response: torch.Tensor, block_size: int,
@@ -117,24 +120,34 @@ class JointLoss(nn.Module):
     With α = 0 only the clean stream is computed, in one causal forward. With `copy_attention` > 0
     the copy supervision's loss (copy_attention.py) over `copy_heads` (all when empty), times that
     weight, joins the total; it points at each copied token's source, or with `key_tokens` at each
-    keyed copy's key."""
+    keyed copy's key. With `owner_tokens` and `owner_loss` > 0 the line-owner supervision's loss
+    (line_owner.py) at decoder layer `owner_layer`, times that weight, joins it too."""
 
     def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None,
                  copy_attention: float = 0.0, copy_heads: tuple[tuple[int, int], ...] = (),
-                 key_tokens: KeyTokens | None = None):
+                 key_tokens: KeyTokens | None = None, owner_loss: float = 0.0, owner_layer: int = 0,
+                 owner_tokens: OwnerTokens | None = None):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
         self.copy_attention, self.copy_heads, self.key_tokens = copy_attention, copy_heads, key_tokens
+        self.owner_loss, self.owner_tokens = owner_loss, owner_tokens
+        if owner_loss and owner_tokens is None:
+            raise ValueError("owner_loss needs the fact lines' token ids (owner_tokens)")
         self.recording = RecordedAttention(model) if copy_attention else None  # reused every step
+        self.residuals = RecordedResiduals(model, owner_layer) if owner_loss else None
 
     def forward(self, batch: Batch, noise: BlockNoise, normalizer: float | None = None) -> LossResult:
-        if not self.copy_attention:
-            return self._objective(batch, noise, normalizer)
-        with self.recording as recorded:
+        with self.recording or nullcontext() as recorded, self.residuals or nullcontext() as residuals:
             result = self._objective(batch, noise, normalizer)
-        sources = copy_sources(batch) if self.key_tokens is None else key_sources(batch, self.key_tokens)
-        l_copy = copy_attention_loss(recorded, sources, batch.prompt_ids.shape[1], self.copy_heads)
-        return replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
+        if self.copy_attention:
+            sources = copy_sources(batch) if self.key_tokens is None else key_sources(batch, self.key_tokens)
+            l_copy = copy_attention_loss(recorded, sources, batch.prompt_ids.shape[1], self.copy_heads)
+            result = replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
+        if self.owner_loss:
+            names = self.model.get_input_embeddings().weight[list(self.owner_tokens.names)]
+            l_owner = line_owner_loss(torch.cat(residuals, dim=1), batch_owners(batch, self.owner_tokens), names)
+            result = replace(result, total=result.total + self.owner_loss * l_owner, l_owner=l_owner)
+        return result
 
     def _objective(self, batch: Batch, noise: BlockNoise, normalizer: float | None) -> LossResult:
         if self.alpha == 0:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .copy_attention import KeyTokens, joint_key_tokens
+from .line_owner import OwnerTokens, joint_owner_tokens
 from .data import BatchSpec, PairDataset
 from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
 from .evaluation import combine, loss_evaluator, task_evaluator
@@ -183,9 +184,10 @@ def _fits(pair, data) -> bool:
 
 
 def fit_recipe(recipe: Recipe, model, dataset, dist: DistInfo, minutes: float, run_dir: Path,
-               key_tokens: KeyTokens | None = None) -> Recipe:
+               key_tokens: KeyTokens | None = None, owner_tokens: OwnerTokens | None = None) -> Recipe:
     """`recipe` with the steps that fill `minutes` here; the run dir's recipe.json records them."""
-    seconds = measure_step_seconds(model, recipe.train, dataset, dist, key_tokens=key_tokens)
+    seconds = measure_step_seconds(model, recipe.train, dataset, dist, key_tokens=key_tokens,
+                                   owner_tokens=owner_tokens)
     train = fit_steps(recipe.train, seconds, minutes)
     fitted = dataclasses.replace(recipe, train=train)
     if dist.is_main:
@@ -237,10 +239,11 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
                                   lambda message: log_line(run_dir, dist, message, echo=True))
     keyed = recipe.train.copy_attention and recipe.train.copy_targets == "keys"
     keys = joint_key_tokens(tokenizer) if keyed else None
+    owners = joint_owner_tokens(tokenizer) if recipe.train.owner_loss else None
     if fit_minutes is not None:
-        recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys)
+        recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys, owners)
     scales = grown_part_scales(model, recipe.model)
-    trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress, scales, keys)
+    trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress, scales, keys, owners)
     if resume and not trainer.resume():
         trainer.log("resume requested but no checkpoint found: starting from step 0")
     summary = trainer.train(max_steps=max_steps, max_minutes=max_minutes)

@@ -25,6 +25,7 @@ from . import checkpointing as ckpt
 from .data import PairDataset
 from .activation_checkpointing import checkpoint_layers
 from .copy_attention import COPY_TARGETS, KeyTokens
+from .line_owner import OwnerTokens
 from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
 from .noising import LEVEL_UNITS, noise_generator, sample_example_noise, step_level_bounds
@@ -49,6 +50,8 @@ class TrainConfig:
     copy_attention: float = 0.0  # weight of the copy supervision's loss (copy_attention.py); 0: off
     copy_heads: tuple[tuple[int, int], ...] = ()  # (full-attention layer, head) it trains; empty: any
     copy_targets: str = "tokens"  # what it points at: each copied token's source, or "keys" (copy_attention.py)
+    owner_loss: float = 0.0  # weight of the line-owner supervision's loss (line_owner.py); 0: off
+    owner_layer: int = 0  # the decoder layer whose output it reads
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 0
@@ -85,6 +88,8 @@ class TrainConfig:
             raise ValueError(f"copy_attention={self.copy_attention} must be >= 0")
         if self.copy_targets not in COPY_TARGETS:
             raise ValueError(f"copy_targets={self.copy_targets!r} must be one of {COPY_TARGETS}")
+        if self.owner_loss < 0:
+            raise ValueError(f"owner_loss={self.owner_loss} must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,7 @@ class StepStats:
     targets: int
     seconds: float
     l_copy: float = 0.0  # the copy supervision's loss (0 when off)
+    l_owner: float = 0.0  # the line-owner supervision's loss (0 when off)
 
 
 @dataclass(frozen=True)
@@ -119,9 +125,11 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, config: TrainConfig, dataset: PairDataset,
                  run_dir: str | Path | None = None, eval_fn: EvalFn | None = None,
                  dist: DistInfo = DistInfo(), progress: bool = True,
-                 update_scales: dict[str, torch.Tensor] | None = None, key_tokens: KeyTokens | None = None):
+                 update_scales: dict[str, torch.Tensor] | None = None, key_tokens: KeyTokens | None = None,
+                 owner_tokens: OwnerTokens | None = None):
         """`update_scales`: parameter name -> per-element multiplier of its updates (optim.py);
-        `key_tokens`: the keyed copies' token ids, which copy supervision needs with `copy_targets="keys"`."""
+        `key_tokens`: the keyed copies' token ids, which copy supervision needs with `copy_targets="keys"`;
+        `owner_tokens`: the fact lines' token ids, which line-owner supervision needs."""
         self.model, self.config, self.dataset, self.dist = model, config, dataset, dist
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.eval_fn, self.progress = eval_fn, progress
@@ -138,7 +146,7 @@ class Trainer:
             raise ValueError("copy_targets='keys' needs the keyed copies' token ids (key_tokens)")
         keys = key_tokens if config.copy_targets == "keys" else None
         loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset, config.copy_attention,
-                         config.copy_heads, keys)
+                         config.copy_heads, keys, config.owner_loss, config.owner_layer, owner_tokens)
         self.engine = distribute(loss, model, config.strategy, dist)
         self.optimizer = build_optimizer(model, config.lr, config.weight_decay, config.betas)
         self.scheduler = build_scheduler(self.optimizer, config.warmup_steps, config.steps,
@@ -182,12 +190,14 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        l_copy = 0.0 if result.l_copy is None else result.l_copy.item()
-        loss, l_ar, l_diff, l_copy, tokens = all_reduce_sum(
-            [result.total.item(), result.l_ar.item(), result.l_diff.item(), l_copy, batch.num_tokens], self.dist)
+        l_copy, l_owner = (0.0 if aux is None else aux.item() for aux in (result.l_copy, result.l_owner))
+        loss, l_ar, l_diff, l_copy, l_owner, tokens = all_reduce_sum(
+            [result.total.item(), result.l_ar.item(), result.l_diff.item(), l_copy, l_owner, batch.num_tokens],
+            self.dist)
         self.tokens_seen += int(tokens)
         return StepStats(self.step, loss / world, l_ar / world, l_diff / world, lr, grad_norm,
-                         int(tokens), int(global_targets), time.perf_counter() - start, l_copy / world)
+                         int(tokens), int(global_targets), time.perf_counter() - start, l_copy / world,
+                         l_owner / world)
 
     # -- the loop -------------------------------------------------------------------------------
 

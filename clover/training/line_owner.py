@@ -1,0 +1,126 @@
+"""Line-owner supervision: every token of a fact line is made to carry the line's pilot.
+
+Joint's wrong fact-line copies follow the words just written into another pilot's line (`Mia is
+licensed` + `.` from `Fay is licensed.`, `benchmarks/fact_copies.py`): a copy that matches the
+previous word cannot tell two lines that share it. Linear probes find the pilot held at a line's
+first property and at chance at every later token, in every layer (`benchmarks/owner_probe.py`).
+A copy that matches the pilot too needs it at the tokens its keys are read from (the prompt's line)
+and at its query (the derivation's copy).
+
+This loss asks for it. A fact line is a pilot's name followed by ` is` or ` has` (`Hal is insured
+and rested.`, `Leo has none of these.`), in the prompt or in the response; its owned tokens run
+from the token after the name to the line's full stop, included. Each owned token's residual
+stream after decoder layer `layer` (of the clean stream: the causal rows of the training forwards,
+no extra forward) is scored against every pilot's name by cosine similarity with the name's input
+embedding (detached: the loss moves the residual stream, not the names), times `SCALE`; the loss
+is the cross-entropy of the line's pilot, the mean over owned tokens. No parameter is added, so
+checkpoints, resumption and export are unchanged. The names' own embedding is what the name's
+token writes into its residual stream, so the cheapest way to carry it is to copy it forward.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .data import Batch
+
+SCALE = 10.0  # cosine similarity -> logit: a 0.3 lead over the next name is a 3-nat margin
+
+
+@dataclass(frozen=True)
+class OwnerTokens:
+    """Token ids of fact lines: each pilot's name (its class is its position), the words that
+    start a line after the name, the space between them, and the full stops that end it."""
+
+    names: tuple[int, ...]
+    verbs: frozenset[int]
+    space: int
+    stops: frozenset[int]
+
+
+def joint_owner_tokens(tokenizer) -> OwnerTokens:
+    """Joint's pilots (`vocab.FIRST_NAMES`), `is`/`has`, the space and the full stops (`.`, and
+    `.` with a newline where the tokenizer glues them) as `tokenizer` writes them; each must be one
+    token, and a name must be the same token after a space as at a line's start."""
+    from clover.data.tasks.vocab import FIRST_NAMES
+
+    def one_token(text: str) -> int | None:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        return ids[0] if len(ids) == 1 else None
+
+    required = {text: one_token(text) for text in (*FIRST_NAMES, "is", "has", " ", ".")}
+    after_space = {name: tokenizer(f"? {name}", add_special_tokens=False).input_ids[-1] for name in FIRST_NAMES}
+    if missing := [text for text, i in required.items() if i is None]:
+        raise ValueError(f"line-owner supervision needs each of {missing} to be one token of the tokenizer")
+    if moved := [name for name in FIRST_NAMES if after_space[name] != required[name]]:
+        raise ValueError(f"line-owner supervision needs the names {moved} to be the same token after a space")
+    stops = {required["."], one_token(".\n")} - {None}
+    return OwnerTokens(tuple(required[name] for name in FIRST_NAMES), frozenset((required["is"], required["has"])),
+                       required[" "], frozenset(stops))
+
+
+def line_owners(ids: list[int], tokens: OwnerTokens) -> list[int]:
+    """For each token of `ids`, the class of the pilot whose fact line owns it (module doc), or -1."""
+    name_class = {t: c for c, t in enumerate(tokens.names)}
+    owners, owner = [-1] * len(ids), -1
+    for j, t in enumerate(ids):
+        if owner < 0 and t in name_class and ids[j + 1:j + 2] == [tokens.space] and ids[j + 2:j + 3] \
+                and ids[j + 2] in tokens.verbs:
+            owner = name_class[t]
+            continue
+        owners[j] = owner
+        if owner >= 0 and t in tokens.stops:
+            owner = -1
+    return owners
+
+
+def batch_owners(batch: Batch, tokens: OwnerTokens) -> torch.Tensor:
+    """[N, P + R] long: `line_owners` over each row's real prompt tokens and targeted response; -1
+    on padding and untargeted tokens."""
+    rows = []
+    for prompt, real, response, targeted in zip(batch.prompt_ids.tolist(), batch.prompt_mask.tolist(),
+                                                batch.response_ids.tolist(), batch.target_mask.tolist()):
+        kept = [c for c, r in enumerate(real) if r] + [len(prompt) + j for j, t in enumerate(targeted) if t]
+        seq = prompt + response
+        row = [-1] * len(seq)
+        for column, owner in zip(kept, line_owners([seq[c] for c in kept], tokens)):
+            row[column] = owner
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.long, device=batch.prompt_ids.device)
+
+
+class RecordedResiduals:
+    """Within `with`, the clean rows of decoder layer `layer`'s output in every forward of `model`:
+    a list that gets, per call, the rows before its noisy block ([N, T - block_len, D])."""
+
+    def __init__(self, model, layer: int):
+        layers = model.model.layers
+        if not 0 <= layer < len(layers):
+            raise ValueError(f"owner_layer={layer} is not one of the model's {len(layers)} decoder layers")
+        self.layer, self.recorded = layers[layer], None
+
+    def _hook(self, module, args, output):
+        x, block_len = output[0], args[4]
+        self.recorded.append(x[:, :x.shape[1] - block_len])
+
+    def __enter__(self) -> list[torch.Tensor]:
+        self.recorded = []
+        self.handle = self.layer.register_forward_hook(self._hook)
+        return self.recorded
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+        self.recorded = None
+
+
+def line_owner_loss(residuals: torch.Tensor, owners: torch.Tensor, name_embeddings: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of each owned token's pilot (`owners` [N, T], -1: none) from its residual
+    ([N, T, D]) scored against the names' embeddings ([C, D]) as in the module doc; 0 when no token
+    is owned."""
+    owned = owners >= 0
+    if not owned.any():
+        return residuals.new_zeros((), dtype=torch.float)
+    h = F.normalize(residuals[owned].float(), dim=-1)  # [M, D]
+    names = F.normalize(name_embeddings.detach().float(), dim=-1)  # [C, D]
+    return F.cross_entropy(SCALE * h @ names.T, owners[owned])

@@ -1,0 +1,100 @@
+"""Line-owner supervision (clover/training/line_owner.py): which pilot's fact line a token is in,
+and the residual stream read off the training forwards."""
+
+import pytest
+import torch
+
+from clover.training.data import Pair, collate
+from clover.training.line_owner import (OwnerTokens, RecordedResiduals, batch_owners, joint_owner_tokens,
+                                        line_owner_loss, line_owners)
+from clover.training.loss import JointLoss, causal_logits
+from clover.training.noising import noise_generator, sample_block_noise
+from clover.training.trainer import TrainConfig
+from tiny import tiny_model
+
+EOS, PAD = 1, 0
+# names 40 (class 0) and 41 (class 1); 9 the space; 20 "is", 21 "has"; 30 and 31 full stops
+TOKENS = OwnerTokens(names=(40, 41), verbs=frozenset((20, 21)), space=9, stops=frozenset((30, 31)))
+
+
+def test_a_line_is_owned_from_after_its_name_to_its_full_stop():
+    #      Is    Ana   cert?  Ana   _  is  _  a  _  b  .\n  Ben  _  has _  n  .   _  yes
+    ids = [50, 9, 40, 9, 60, 70, 9, 40, 9, 20, 9, 61, 9, 62, 31, 41, 9, 21, 9, 63, 30, 9, 80]
+    owners = line_owners(ids, TOKENS)
+    assert owners[:8] == [-1] * 8  # the question's name is followed by a property, not `is`: no line
+    assert owners[8:15] == [0] * 7  # Ana's line, its space and `is` through `.\n`
+    assert owners[15] == -1 and owners[16:21] == [1] * 5  # Ben's name is not owned, his line is
+    assert owners[21:] == [-1, -1]  # after the full stop
+    assert line_owners([40, 9, 20, 9, 61], TOKENS) == [-1, 0, 0, 0, 0]  # a line cut off stays owned to the end
+    assert line_owners([40, 9], TOKENS) == [-1, -1]
+
+
+def test_joint_s_owner_tokens_are_single_tokens_of_the_embedded_tokenizer():
+    from clover import default_model_dir
+    from clover.data.tasks.vocab import FIRST_NAMES
+    from clover.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_dir())
+    tokens = joint_owner_tokens(tokenizer)
+    assert [tokenizer.decode([t]) for t in tokens.names] == list(FIRST_NAMES)
+    text = "Facts (nothing else is true):\nHal is insured.\nQuestions:\n1. Is Hal insured? Hal is insured. yes"
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    owned = [tokenizer.decode([t]) for t, c in zip(ids, line_owners(ids, tokens)) if c >= 0]
+    assert "".join(owned) == " is insured.\n" + " is insured."
+    assert {c for c in line_owners(ids, tokens) if c >= 0} == {FIRST_NAMES.index("Hal")}
+
+
+def test_padding_and_untargeted_tokens_are_owned_by_no_one():
+    short = Pair((40, 9, 20, 9, 61, 30), (41, 9, 21, 9, 62, 31, EOS))
+    long = Pair((5, 5, 5, 40, 9, 20, 9, 61, 30), (7, EOS))
+    batch = collate([short, long], block_size=4, eos_id=EOS, pad_id=PAD, eos_ids=(EOS,))
+    owners = batch_owners(batch, TOKENS)
+    p = batch.prompt_ids.shape[1]
+    assert owners[0, :3].tolist() == [-1] * 3  # the short prompt's left padding
+    assert owners[0, 3:p].tolist() == [-1, 0, 0, 0, 0, 0]
+    assert owners[0, p:p + 7].tolist() == [-1, 1, 1, 1, 1, 1, -1]
+    assert (owners[:, p:][~batch.target_mask] == -1).all()
+
+
+def test_the_fused_training_forwards_record_the_residuals_one_causal_forward_gives():
+    # training matches inference: the clean rows of the fused block forwards are the causal stream's
+    model = tiny_model()
+    pairs = [Pair((40, 9, 20, 9, 61, 30, 12), (40, 9, 20, 9, 61, 30, 13, 14, 15, EOS)), Pair((11, 12), (41, 9, EOS))]
+    batch = collate(pairs, block_size=4, eos_id=EOS, pad_id=PAD, eos_ids=(EOS,))
+    noise = sample_block_noise(batch.target_mask, 4, 0.5, noise_generator(0, 0))
+    loss = JointLoss(model, 4, alpha=1.0, owner_loss=0.5, owner_layer=1, owner_tokens=TOKENS)
+    with torch.no_grad():
+        fused = loss(batch, noise)
+        with RecordedResiduals(model, 1) as recorded:
+            causal_logits(model, batch)
+        assert len(recorded) == 1
+        causal = line_owner_loss(recorded[0], batch_owners(batch, TOKENS),
+                                 model.get_input_embeddings().weight[[40, 41]])
+        plain = JointLoss(model, 4, alpha=1.0)(batch, noise)
+    assert torch.allclose(fused.l_owner, causal, atol=1e-5)
+    assert torch.allclose(fused.total, plain.total + 0.5 * fused.l_owner, atol=1e-6)
+
+
+def test_the_loss_falls_as_the_residual_turns_to_the_line_s_pilot():
+    names = torch.randn(2, 8)
+    owners = torch.tensor([[0, 1, -1]])
+    toward = torch.stack([names[0], names[1], names[0]])[None]  # [1, 3, 8]
+    away = torch.stack([names[1], names[0], names[1]])[None]
+    assert line_owner_loss(toward, owners, names) < 0.01 < 10 < line_owner_loss(away, owners, names)
+    assert line_owner_loss(toward, torch.full((1, 3), -1), names).item() == 0.0
+
+
+def test_bad_owner_settings_are_refused_by_name():
+    from clover.training.trainer import Trainer
+    from tests.training.conftest import digits_dataset, digits_model
+
+    with pytest.raises(ValueError, match="owner_loss=-0.1 must be >= 0"):
+        TrainConfig(steps=1, batch_size=1, block_size=4, owner_loss=-0.1)
+    with pytest.raises(ValueError, match="owner_layer=9 is not one of the model's 4 decoder layers"):
+        JointLoss(tiny_model(), 4, 1.0, owner_loss=0.1, owner_layer=9, owner_tokens=TOKENS)
+    config = TrainConfig(steps=1, batch_size=4, block_size=4, owner_loss=0.1)
+    with pytest.raises(ValueError, match="owner_loss needs the fact lines' token ids"):
+        Trainer(digits_model(seed=1), config, digits_dataset(4), progress=False)
+    digits = OwnerTokens(names=(10, 11), verbs=frozenset((12,)), space=13, stops=frozenset((14,)))  # a 16-token vocab
+    trainer = Trainer(digits_model(seed=1), config, digits_dataset(4), progress=False, owner_tokens=digits)
+    assert trainer.train_step().l_owner == 0.0  # digits hold no fact line
