@@ -9,13 +9,23 @@ and at its query (the derivation's copy).
 
 This loss asks for it. A fact line is a pilot's name followed by ` is` or ` has` (`Hal is insured
 and rested.`, `Leo has none of these.`), in the prompt or in the response; its owned tokens run
-from the token after the name to the line's full stop, included. Each owned token's residual
-stream after decoder layer `layer` (of the clean stream: the causal rows of the training forwards,
-no extra forward) is scored against every pilot's name by cosine similarity with the name's input
-embedding (detached: the loss moves the residual stream, not the names), times `SCALE`; the loss
-is the cross-entropy of the line's pilot, the mean over owned tokens. No parameter is added, so
-checkpoints, resumption and export are unchanged. The names' own embedding is what the name's
-token writes into its residual stream, so the cheapest way to carry it is to copy it forward.
+from the token after the name to the line's full stop, included. The residual stream after decoder
+layer `layer` is read at each owned token (of the clean stream: the causal rows of the training
+forwards, no extra forward) and asked for the line's pilot by a readout that adds no parameter, so
+checkpoints, resumption and export are unchanged (`OWNER_READOUTS`):
+
+- `"embedding"`: scored against every pilot's name by cosine similarity with the name's input
+  embedding (detached: the loss moves the residual stream, not the names), times `SCALE`; the loss
+  is the cross-entropy of the line's pilot. The name's embedding is what its token writes into the
+  residual stream, so carrying it forward is the plain way; but the whole residual stream must turn
+  towards it, which the embedded model learns slowly (the loss falls from 2.9 to 2.55 in 250 steps at
+  weight 0.2, and a linear probe still finds the pilot at chance past the first property).
+- `"ridge"`: what a linear probe measures. The batch's examples are split in two (even and odd
+  rows); on each half a ridge regression from the standardized residuals to the pilot's one-hot
+  is fitted in closed form (detached, `RIDGE` times the tokens as its penalty) and scored on the
+  other half's tokens; the loss is the mean squared error of those predictions. Any direction that
+  holds the pilot serves; the gradient moves the held-out residuals along the directions the other
+  half's fit reads.
 """
 
 from dataclasses import dataclass
@@ -26,6 +36,8 @@ import torch.nn.functional as F
 from .data import Batch
 
 SCALE = 10.0  # cosine similarity -> logit: a 0.3 lead over the next name is a 3-nat margin
+RIDGE = 1.0  # the ridge penalty per fitted token, on standardized residuals (0.3 overfits 150 tokens)
+OWNER_READOUTS = ("embedding", "ridge")
 
 
 @dataclass(frozen=True)
@@ -114,13 +126,37 @@ class RecordedResiduals:
         self.recorded = None
 
 
-def line_owner_loss(residuals: torch.Tensor, owners: torch.Tensor, name_embeddings: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of each owned token's pilot (`owners` [N, T], -1: none) from its residual
-    ([N, T, D]) scored against the names' embeddings ([C, D]) as in the module doc; 0 when no token
-    is owned."""
+def line_owner_loss(residuals: torch.Tensor, owners: torch.Tensor, name_embeddings: torch.Tensor,
+                    readout: str = "embedding") -> torch.Tensor:
+    """The loss of each owned token's pilot (`owners` [N, T], -1: none) read from its residual
+    ([N, T, D]) by `readout` (module doc; the names' embeddings [C, D] give the classes); 0 when no
+    token is owned, or with `"ridge"` when one half of the batch has none."""
     owned = owners >= 0
+    if readout not in OWNER_READOUTS:
+        raise ValueError(f"owner readout {readout!r} must be one of {OWNER_READOUTS}")
     if not owned.any():
         return residuals.new_zeros((), dtype=torch.float)
-    h = F.normalize(residuals[owned].float(), dim=-1)  # [M, D]
+    h, y = residuals[owned].float(), owners[owned]  # [M, D], [M]
+    if readout == "ridge":
+        rows = torch.arange(owners.shape[0], device=owners.device)[:, None].expand_as(owners)[owned]
+        return ridge_probe_loss(h, y, rows % 2, name_embeddings.shape[0])
     names = F.normalize(name_embeddings.detach().float(), dim=-1)  # [C, D]
-    return F.cross_entropy(SCALE * h @ names.T, owners[owned])
+    return F.cross_entropy(SCALE * F.normalize(h, dim=-1) @ names.T, y)
+
+
+def ridge_probe_loss(h: torch.Tensor, y: torch.Tensor, half: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Mean squared error of one-hot labels `y` [M] predicted on each `half` [M] (0 or 1) of the
+    samples `h` [M, D] by a ridge regression fitted on the other half (module doc)."""
+    if half.unique().numel() < 2:
+        return h.new_zeros(())
+    x = (h - h.mean(0).detach()) / (h.std(0).detach() + 1e-6)
+    x = torch.cat((x, x.new_ones(len(x), 1)), dim=1)  # [M, D + 1]: with a bias
+    target = F.one_hot(y, num_classes).float()
+    errors = []
+    for side in (0, 1):
+        fit, held = half != side, half == side
+        a = x[fit].detach()
+        w = torch.linalg.solve(a.T @ a + RIDGE * len(a) * torch.eye(a.shape[1], device=a.device),
+                               a.T @ target[fit])  # [D + 1, C]
+        errors.append((x[held] @ w - target[held]).square().sum(-1))
+    return torch.cat(errors).mean()

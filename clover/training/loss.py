@@ -121,16 +121,16 @@ class JointLoss(nn.Module):
     the copy supervision's loss (copy_attention.py) over `copy_heads` (all when empty), times that
     weight, joins the total; it points at each copied token's source, or with `key_tokens` at each
     keyed copy's key. With `owner_tokens` and `owner_loss` > 0 the line-owner supervision's loss
-    (line_owner.py) at decoder layer `owner_layer`, times that weight, joins it too."""
+    (line_owner.py) at decoder layer `owner_layer`, read by `owner_readout`, times that weight, joins it too."""
 
     def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None,
                  copy_attention: float = 0.0, copy_heads: tuple[tuple[int, int], ...] = (),
                  key_tokens: KeyTokens | None = None, owner_loss: float = 0.0, owner_layer: int = 0,
-                 owner_tokens: OwnerTokens | None = None):
+                 owner_tokens: OwnerTokens | None = None, owner_readout: str = "embedding"):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
         self.copy_attention, self.copy_heads, self.key_tokens = copy_attention, copy_heads, key_tokens
-        self.owner_loss, self.owner_tokens = owner_loss, owner_tokens
+        self.owner_loss, self.owner_tokens, self.owner_readout = owner_loss, owner_tokens, owner_readout
         if owner_loss and owner_tokens is None:
             raise ValueError("owner_loss needs the fact lines' token ids (owner_tokens)")
         self.recording = RecordedAttention(model) if copy_attention else None  # reused every step
@@ -145,7 +145,8 @@ class JointLoss(nn.Module):
             result = replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
         if self.owner_loss:
             names = self.model.get_input_embeddings().weight[list(self.owner_tokens.names)]
-            l_owner = line_owner_loss(torch.cat(residuals, dim=1), batch_owners(batch, self.owner_tokens), names)
+            l_owner = line_owner_loss(torch.cat(residuals, dim=1), batch_owners(batch, self.owner_tokens), names,
+                                      self.owner_readout)
             result = replace(result, total=result.total + self.owner_loss * l_owner, l_owner=l_owner)
         return result
 

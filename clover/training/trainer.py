@@ -25,7 +25,7 @@ from . import checkpointing as ckpt
 from .data import PairDataset
 from .activation_checkpointing import checkpoint_layers
 from .copy_attention import COPY_TARGETS, KeyTokens
-from .line_owner import OwnerTokens
+from .line_owner import OWNER_READOUTS, OwnerTokens
 from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
 from .noising import LEVEL_UNITS, noise_generator, sample_example_noise, step_level_bounds
@@ -52,6 +52,7 @@ class TrainConfig:
     copy_targets: str = "tokens"  # what it points at: each copied token's source, or "keys" (copy_attention.py)
     owner_loss: float = 0.0  # weight of the line-owner supervision's loss (line_owner.py); 0: off
     owner_layer: int = 0  # the decoder layer whose output it reads
+    owner_readout: str = "embedding"  # how it reads the pilot there: "embedding" or "ridge" (line_owner.py)
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 0
@@ -90,6 +91,8 @@ class TrainConfig:
             raise ValueError(f"copy_targets={self.copy_targets!r} must be one of {COPY_TARGETS}")
         if self.owner_loss < 0:
             raise ValueError(f"owner_loss={self.owner_loss} must be >= 0")
+        if self.owner_readout not in OWNER_READOUTS:
+            raise ValueError(f"owner_readout={self.owner_readout!r} must be one of {OWNER_READOUTS}")
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,8 @@ class Trainer:
             raise ValueError("copy_targets='keys' needs the keyed copies' token ids (key_tokens)")
         keys = key_tokens if config.copy_targets == "keys" else None
         loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset, config.copy_attention,
-                         config.copy_heads, keys, config.owner_loss, config.owner_layer, owner_tokens)
+                         config.copy_heads, keys, config.owner_loss, config.owner_layer, owner_tokens,
+                         config.owner_readout)
         self.engine = distribute(loss, model, config.strategy, dist)
         self.optimizer = build_optimizer(model, config.lr, config.weight_decay, config.betas)
         self.scheduler = build_scheduler(self.optimizer, config.warmup_steps, config.steps,

@@ -59,19 +59,22 @@ def test_padding_and_untargeted_tokens_are_owned_by_no_one():
 def test_the_fused_training_forwards_record_the_residuals_one_causal_forward_gives():
     # training matches inference: the clean rows of the fused block forwards are the causal stream's
     model = tiny_model()
-    pairs = [Pair((40, 9, 20, 9, 61, 30, 12), (40, 9, 20, 9, 61, 30, 13, 14, 15, EOS)), Pair((11, 12), (41, 9, EOS))]
+    pairs = [Pair((40, 9, 20, 9, 61, 30, 12), (40, 9, 20, 9, 61, 30, 13, 14, 15, EOS)), Pair((11, 12), (41, 9, 21, 9, 62, 31, EOS))]
     batch = collate(pairs, block_size=4, eos_id=EOS, pad_id=PAD, eos_ids=(EOS,))
     noise = sample_block_noise(batch.target_mask, 4, 0.5, noise_generator(0, 0))
     loss = JointLoss(model, 4, alpha=1.0, owner_loss=0.5, owner_layer=1, owner_tokens=TOKENS)
+    ridge = JointLoss(model, 4, alpha=1.0, owner_loss=0.5, owner_layer=1, owner_tokens=TOKENS, owner_readout="ridge")
     with torch.no_grad():
-        fused = loss(batch, noise)
+        fused, fused_ridge = loss(batch, noise), ridge(batch, noise)
         with RecordedResiduals(model, 1) as recorded:
             causal_logits(model, batch)
         assert len(recorded) == 1
-        causal = line_owner_loss(recorded[0], batch_owners(batch, TOKENS),
-                                 model.get_input_embeddings().weight[[40, 41]])
+        owners, names = batch_owners(batch, TOKENS), model.get_input_embeddings().weight[[40, 41]]
+        causal = line_owner_loss(recorded[0], owners, names)
+        causal_ridge = line_owner_loss(recorded[0], owners, names, "ridge")
         plain = JointLoss(model, 4, alpha=1.0)(batch, noise)
     assert torch.allclose(fused.l_owner, causal, atol=1e-5)
+    assert causal_ridge > 0 and torch.allclose(fused_ridge.l_owner, causal_ridge, atol=1e-4)
     assert torch.allclose(fused.total, plain.total + 0.5 * fused.l_owner, atol=1e-6)
 
 
@@ -84,12 +87,27 @@ def test_the_loss_falls_as_the_residual_turns_to_the_line_s_pilot():
     assert line_owner_loss(toward, torch.full((1, 3), -1), names).item() == 0.0
 
 
+def test_the_ridge_readout_falls_as_the_residual_comes_to_hold_the_pilot():
+    torch.manual_seed(0)
+    owners = torch.randint(0, 16, (12, 25))  # 12 rows of 25 owned tokens, 16 pilots
+    noise, centers = torch.randn(12, 25, 64), torch.randn(16, 64)
+    losses = [line_owner_loss(noise + a * centers[owners], owners, centers, "ridge").item() for a in (0, 0.3, 2)]
+    assert losses[0] > 0.9 > losses[1] > 0.5 > 0.2 > losses[2]  # chance is 1 - 1/16 for a fit that holds nothing
+    only_even = owners.clone()
+    only_even[1::2] = -1  # one half of the batch owns nothing: nothing to fit on
+    assert line_owner_loss(noise, only_even, centers, "ridge").item() == 0.0
+    with pytest.raises(ValueError, match="owner readout 'probe' must be one of"):
+        line_owner_loss(noise, owners, centers, "probe")
+
+
 def test_bad_owner_settings_are_refused_by_name():
     from clover.training.trainer import Trainer
     from tests.training.conftest import digits_dataset, digits_model
 
     with pytest.raises(ValueError, match="owner_loss=-0.1 must be >= 0"):
         TrainConfig(steps=1, batch_size=1, block_size=4, owner_loss=-0.1)
+    with pytest.raises(ValueError, match="owner_readout='probe' must be one of"):
+        TrainConfig(steps=1, batch_size=1, block_size=4, owner_readout="probe")
     with pytest.raises(ValueError, match="owner_layer=9 is not one of the model's 4 decoder layers"):
         JointLoss(tiny_model(), 4, 1.0, owner_loss=0.1, owner_layer=9, owner_tokens=TOKENS)
     config = TrainConfig(steps=1, batch_size=4, block_size=4, owner_loss=0.1)
