@@ -84,20 +84,28 @@ class KeyTokens:
     stops: frozenset[int]
 
 
+def single_tokens(tokenizer, texts, purpose: str) -> dict[str, int]:
+    """{text: its token id} for each of `texts`, which `tokenizer` must write as one token each;
+    refused, naming those it does not and `purpose`, otherwise."""
+    ids = {text: tokenizer(text, add_special_tokens=False).input_ids for text in texts}
+    if missing := [text for text, i in ids.items() if len(i) != 1]:
+        raise ValueError(f"{purpose} needs each of {missing} to be one token of the tokenizer")
+    return {text: i[0] for text, i in ids.items()}
+
+
+def full_stops(tokenizer) -> frozenset[int]:
+    """The tokens that end a sentence: `.`, and `.` with a newline where the tokenizer glues them."""
+    ids = [tokenizer(text, add_special_tokens=False).input_ids for text in (".", ".\n")]
+    return frozenset(i[0] for i in ids if len(i) == 1)
+
+
 def joint_key_tokens(tokenizer) -> KeyTokens:
-    """Joint's keys (its derived properties), the colon and the full stops (`.`, and `.` with a
-    newline where the tokenizer glues them) as `tokenizer` writes them; each must be one token."""
+    """Joint's keys (its derived properties), the colon and the full stops as `tokenizer` writes
+    them; each must be one token."""
     from clover.data.tasks.joint import DERIVED
 
-    def one_token(text: str) -> int | None:
-        ids = tokenizer(text, add_special_tokens=False).input_ids
-        return ids[0] if len(ids) == 1 else None
-
-    required = {text: one_token(text) for text in (*DERIVED, ":", ".")}
-    if missing := [text for text, i in required.items() if i is None]:
-        raise ValueError(f"copy_targets='keys' needs each of {missing} to be one token of the tokenizer")
-    stops = {required["."], one_token(".\n")} - {None}
-    return KeyTokens(frozenset(required[word] for word in DERIVED), required[":"], frozenset(stops))
+    required = single_tokens(tokenizer, (*DERIVED, ":", "."), "copy_targets='keys'")
+    return KeyTokens(frozenset(required[word] for word in DERIVED), required[":"], full_stops(tokenizer))
 
 
 def key_sources(batch: Batch, tokens: KeyTokens) -> torch.Tensor:

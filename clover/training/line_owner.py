@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .copy_attention import full_stops, single_tokens
 from .data import Batch
 
 SCALE = 10.0  # cosine similarity -> logit: a 0.3 lead over the next name is a 3-nat margin
@@ -52,24 +53,17 @@ class OwnerTokens:
 
 
 def joint_owner_tokens(tokenizer) -> OwnerTokens:
-    """Joint's pilots (`vocab.FIRST_NAMES`), `is`/`has`, the space and the full stops (`.`, and
-    `.` with a newline where the tokenizer glues them) as `tokenizer` writes them; each must be one
-    token, and a name must be the same token after a space as at a line's start."""
+    """Joint's pilots (`vocab.FIRST_NAMES`), `is`/`has`, the space and the full stops as
+    `tokenizer` writes them; each must be one token, and a name the same token after a space as at
+    a line's start."""
     from clover.data.tasks.vocab import FIRST_NAMES
 
-    def one_token(text: str) -> int | None:
-        ids = tokenizer(text, add_special_tokens=False).input_ids
-        return ids[0] if len(ids) == 1 else None
-
-    required = {text: one_token(text) for text in (*FIRST_NAMES, "is", "has", " ", ".")}
+    required = single_tokens(tokenizer, (*FIRST_NAMES, "is", "has", " ", "."), "line-owner supervision")
     after_space = {name: tokenizer(f"? {name}", add_special_tokens=False).input_ids[-1] for name in FIRST_NAMES}
-    if missing := [text for text, i in required.items() if i is None]:
-        raise ValueError(f"line-owner supervision needs each of {missing} to be one token of the tokenizer")
     if moved := [name for name in FIRST_NAMES if after_space[name] != required[name]]:
         raise ValueError(f"line-owner supervision needs the names {moved} to be the same token after a space")
-    stops = {required["."], one_token(".\n")} - {None}
     return OwnerTokens(tuple(required[name] for name in FIRST_NAMES), frozenset((required["is"], required["has"])),
-                       required[" "], frozenset(stops))
+                       required[" "], full_stops(tokenizer))
 
 
 def line_owners(ids: list[int], tokens: OwnerTokens) -> list[int]:

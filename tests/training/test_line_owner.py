@@ -44,6 +44,18 @@ def test_joint_s_owner_tokens_are_single_tokens_of_the_embedded_tokenizer():
     assert {c for c in line_owners(ids, tokens) if c >= 0} == {FIRST_NAMES.index("Hal")}
 
 
+def test_a_tokenizer_that_splits_a_name_is_refused_with_the_name():
+    from clover.training.copy_attention import single_tokens
+
+    class Letters:  # writes every character as its own token
+        def __call__(self, text, add_special_tokens=False):
+            return type("Encoded", (), {"input_ids": [ord(c) for c in text]})()
+
+    with pytest.raises(ValueError, match=r"line-owner supervision needs each of \['Ana', 'Ben'"):
+        joint_owner_tokens(Letters())
+    assert single_tokens(Letters(), (".", " "), "x") == {".": 46, " ": 32}
+
+
 def test_padding_and_untargeted_tokens_are_owned_by_no_one():
     short = Pair((40, 9, 20, 9, 61, 30), (41, 9, 21, 9, 62, 31, EOS))
     long = Pair((5, 5, 5, 40, 9, 20, 9, 61, 30), (7, EOS))
