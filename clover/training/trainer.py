@@ -144,6 +144,8 @@ class Trainer:
         self.sharded = config.strategy == "fsdp" and dist.enabled
         if update_scales and self.sharded:
             raise ValueError("per-element update scales need whole parameters: use strategy 'ddp', not 'fsdp'")
+        if config.owner_loss and self.sharded:
+            raise ValueError("line-owner supervision reads whole name embeddings: use strategy 'ddp', not 'fsdp'")
         self.replicated = shard_fsdp(model, config.dtype) if self.sharded else []
         if config.copy_attention and config.copy_targets == "keys" and key_tokens is None:
             raise ValueError("copy_targets='keys' needs the keyed copies' token ids (key_tokens)")
