@@ -29,6 +29,7 @@ checkpoints, resumption and export are unchanged (`OWNER_READOUTS`):
   half's fit reads. Measured, those directions are noise at the start: the loss stays at chance.
 """
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -72,7 +73,7 @@ def line_owners(ids: list[int], tokens: OwnerTokens) -> list[int]:
     name_class = {t: c for c, t in enumerate(tokens.names)}
     owners, owner = [-1] * len(ids), -1
     for j, t in enumerate(ids):
-        if owner < 0 and t in name_class and ids[j + 1:j + 2] == [tokens.space] and ids[j + 2:j + 3] \
+        if owner < 0 and t in name_class and j + 2 < len(ids) and ids[j + 1] == tokens.space \
                 and ids[j + 2] in tokens.verbs:
             owner = name_class[t]
             continue
@@ -106,9 +107,11 @@ class RecordedResiduals:
         if not 0 <= layer < len(layers):
             raise ValueError(f"owner_layer={layer} is not one of the model's {len(layers)} decoder layers")
         self.layer, self.recorded = layers[layer], None
+        # where the layer's forward takes `block_len` (the model passes its arguments by position)
+        self.block_len_at = list(inspect.signature(self.layer.forward).parameters).index("block_len")
 
     def _hook(self, module, args, output):
-        x, block_len = output[0], args[4]
+        x, block_len = output[0], args[self.block_len_at]
         self.recorded.append(x[:, :x.shape[1] - block_len])
 
     def __enter__(self) -> list[torch.Tensor]:
