@@ -1,0 +1,176 @@
+"""Which part of the model writes another line's word into joint's fact-line copies.
+
+`fact_copies.py` finds that most wrong copies go on as another pilot's prompt line goes on after the
+same words (`Mia is licensed` + `.`, from `Fay is licensed.`). This takes every such site in the
+copies: a token after the name and at least one property word, where another prompt line has
+written the same tokens so far and goes on differently (the rival). At each site, teacher-forced
+and causal (AR: block mode masks the words before the site where they share its block), the margin
+is the logit of the right token minus the rival's.
+
+Then it removes one part of the model at a time and measures the margins again: each attention
+head and each Gated DeltaNet value head (its slice of the output projection's input set to zero),
+and each layer's MoE output (zero). A part that writes the rival's word raises the margin where the
+copy is wrong when removed; a part the copy needs lowers it where the copy is right. The table gives
+per part the mean margin change and how many sites change side, for the wrong and the right sites.
+
+    python benchmarks/copy_sources.py --limit 100 --seed 8
+"""
+
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import embedded_probe_parser, load_probe_model, task_options  # noqa: E402
+from fact_copies import copies, prompt_lines  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Site:
+    """Token `k` of the answer: its target `right`, and `rival`, the token another pilot's line
+    writes after the same tokens."""
+
+    k: int
+    right: int
+    rival: int
+
+
+@dataclass(frozen=True)
+class Part:
+    """One removable part: `name`, the module whose input (`where="input"`, columns [start, stop)
+    of its last dimension) or output (`where="output"`, all of it) is set to zero."""
+
+    name: str
+    module: object
+    where: str
+    start: int = 0
+    stop: int = 0
+
+
+def rival_sites(copy: list[int], others: list[list[int]]) -> list[tuple[int, int]]:
+    """`(j, rival)` for each token j ≥ 2 of a copy (token ids after the name: the verb, then a
+    property) where another line's tokens equal the copy's tokens before j and differ at j. The
+    first rival found at j is kept."""
+    sites = {}
+    for other in others:
+        for j in range(2, min(len(copy), len(other))):
+            if other[:j] != copy[:j]:
+                break
+            if other[j] != copy[j]:
+                sites.setdefault(j, other[j])
+    return sorted(sites.items())
+
+
+def example_sites(tokenizer, forced, example) -> list[Site]:
+    """The rival sites of every fact-line copy in `example`'s derivation, as answer token indices.
+    A copy whose tokens differ from its own prompt line's (tokenized alone) is left out."""
+    lines = {pilot: tokenizer(text, add_special_tokens=False).input_ids
+             for pilot, text in prompt_lines(example.prompt).items()}
+    at = forced.answer.index(example.reasoning)
+    sites = []
+    for pilot, start, end in copies(example.reasoning):
+        inside = forced.tokens(at + start, at + end)
+        copy = forced.targets[inside].tolist()
+        if lines.get(pilot) != copy:
+            continue
+        others = [tokens for other, tokens in lines.items() if other != pilot]
+        sites += [Site(inside[j], copy[j], rival) for j, rival in rival_sites(copy, others)]
+    return sites
+
+
+def parts(model) -> list[Part]:
+    """Every attention head, every GDN value head and every layer's MoE block of `model`."""
+    found = []
+    for i, layer in enumerate(model.model.layers):
+        if layer.kind == "linear_attention":
+            gdn = layer.linear_attn
+            found += [Part(f"L{i} GDN head {h}", gdn.out_proj, "input", h * gdn.head_v_dim, (h + 1) * gdn.head_v_dim)
+                      for h in range(gdn.num_v_heads)]
+        else:
+            attn = layer.self_attn
+            found += [Part(f"L{i} attention head {h}", attn.o_proj, "input", h * attn.head_dim,
+                           (h + 1) * attn.head_dim) for h in range(attn.num_heads)]
+        found.append(Part(f"L{i} MoE", layer.mlp, "output"))
+    return found
+
+
+@contextmanager
+def removed(part: Part):
+    """`part` set to zero while the context is open."""
+    if part.where == "input":
+        def hook(module, args):
+            x = args[0].clone()
+            x[..., part.start:part.stop] = 0
+            return (x, *args[1:])
+        handle = part.module.register_forward_pre_hook(hook)
+    else:
+        def hook(module, args, output):
+            return (output[0].new_zeros(output[0].shape), *output[1:])
+        handle = part.module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def margins(forced, sites: list[Site]) -> list[float]:
+    """The causal logit of the right token minus the rival's at each site."""
+    return [float(forced.ar[s.k, s.right] - forced.ar[s.k, s.rival]) for s in sites]
+
+
+def effects(base: list[float], ablated: list[float]) -> dict[str, float]:
+    """Over the sites that are wrong (margin < 0) and right at `base`: the mean margin change and
+    how many change side (wrong sites made right, right sites made wrong)."""
+    wrong = [(b, a) for b, a in zip(base, ablated) if b < 0]
+    right = [(b, a) for b, a in zip(base, ablated) if b >= 0]
+
+    def mean(pairs):
+        return sum(a - b for b, a in pairs) / max(len(pairs), 1)
+
+    return {"wrong": mean(wrong), "mended": sum(a >= 0 for _, a in wrong),
+            "right": mean(right), "broken": sum(a < 0 for _, a in right)}
+
+
+def table(model, tokenizer, examples) -> list[str]:
+    from clover.evaluation.field_loss import teacher_forced
+
+    cases = []
+    for example in examples:
+        forced = teacher_forced(model, tokenizer, example)
+        sites = example_sites(tokenizer, forced, example)
+        if sites:
+            cases.append((example, sites, margins(forced, sites)))
+    base = [m for _, _, ms in cases for m in ms]
+    rows = [f"{len(base)} sites in {len(cases)} prompts, {sum(m < 0 for m in base)} wrong (rival above right)", "",
+            f"{'part removed':<24}{'wrong: Δ margin':>17}{'mended':>8}{'right: Δ margin':>17}{'broken':>8}"]
+    print("\n".join(rows), flush=True)
+    for part in parts(model):
+        with removed(part):
+            ablated = [m for example, sites, _ in cases
+                       for m in margins(teacher_forced(model, tokenizer, example), sites)]
+        e = effects(base, ablated)
+        rows.append(f"{part.name:<24}{e['wrong']:>+17.2f}{e['mended']:>8}{e['right']:>+17.2f}{e['broken']:>8}")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    import torch
+
+    from clover.data import eval_examples, get_task
+
+    parser = embedded_probe_parser(__doc__, limit=100, limit_help="joint prompts", seed=8)
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=JSON",
+                        help='a joint task option for the prompts (repeatable), e.g. line_rules="keyed_first"')
+    args = parser.parse_args()
+    path, model, tokenizer = load_probe_model(args)
+    examples = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint", **task_options(args.option))])
+    print(f"model {path}, {len(examples)} joint prompts (seed {args.seed}), teacher-forced; each part removed "
+          f"in turn\n", flush=True)
+    with torch.inference_mode():
+        table(model, tokenizer, examples)
+
+
+if __name__ == "__main__":
+    main()
