@@ -133,6 +133,8 @@ def effects(base: list[float], ablated: list[float]) -> dict[str, float]:
 
 
 def table(model, tokenizer, examples) -> list[str]:
+    """The sites of `examples` and, per part removed, its effects on them (`effects`); each row is
+    printed as it is measured."""
     from clover.evaluation.field_loss import teacher_forced
 
     cases = []

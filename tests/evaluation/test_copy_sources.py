@@ -50,3 +50,14 @@ def test_removing_a_part_changes_the_logits_until_the_context_closes():
 def test_effects_split_wrong_and_right_sites():
     e = copy_sources.effects([-1.0, -2.0, 3.0, 0.5], [0.5, -1.0, 1.0, -0.5])
     assert e == {"wrong": 1.25, "mended": 1, "right": -1.5, "broken": 1}
+
+
+def test_table_has_a_row_per_part_and_counts_within_its_sites(model, tokenizer):
+    examples = eval_examples(6, seed=0, tasks=[get_task("joint")])
+    with torch.inference_mode():
+        rows = copy_sources.table(model, tokenizer, examples)
+    sites, wrong = int(rows[0].split()[0]), int(rows[0].split(", ")[1].split()[0])
+    assert sites and len(rows) == 3 + len(copy_sources.parts(model))
+    for row in rows[3:]:
+        mended, broken = int(row.split()[-3]), int(row.split()[-1])
+        assert 0 <= mended <= wrong and 0 <= broken <= sites - wrong
