@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import embedded_probe_parser, load_probe_model, task_options  # noqa: E402
+from common import joint_probe_inputs  # noqa: E402
 from fact_copies import copies, prompt_lines  # noqa: E402
 
 
@@ -160,16 +160,8 @@ def table(model, tokenizer, examples) -> list[str]:
 def main() -> None:
     import torch
 
-    from clover.data import eval_examples, get_task
-
-    parser = embedded_probe_parser(__doc__, limit=100, limit_help="joint prompts", seed=8)
-    parser.add_argument("--option", action="append", default=[], metavar="NAME=JSON",
-                        help='a joint task option for the prompts (repeatable), e.g. line_rules="keyed_first"')
-    args = parser.parse_args()
-    path, model, tokenizer = load_probe_model(args)
-    examples = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint", **task_options(args.option))])
-    print(f"model {path}, {len(examples)} joint prompts (seed {args.seed}), teacher-forced; each part removed "
-          f"in turn\n", flush=True)
+    model, tokenizer, examples = joint_probe_inputs(__doc__, limit=100, seed=8,
+                                                    what="each part removed in turn")
     with torch.inference_mode():
         table(model, tokenizer, examples)
 

@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import embedded_probe_parser, load_probe_model, task_options  # noqa: E402
+from common import joint_probe_inputs  # noqa: E402
 from joint_errors import part_spans  # noqa: E402
 from lookup_head import FACT_LINE  # noqa: E402
 
@@ -100,16 +100,8 @@ def table(model, tokenizer, examples) -> list[str]:
 def main() -> None:
     import torch
 
-    from clover.data import eval_examples, get_task
-
-    parser = embedded_probe_parser(__doc__, limit=200, limit_help="joint prompts", seed=8)
-    parser.add_argument("--option", action="append", default=[], metavar="NAME=JSON",
-                        help='a joint task option for the prompts (repeatable), e.g. line_rules="keyed_first"')
-    args = parser.parse_args()
-    path, model, tokenizer = load_probe_model(args)
-    examples = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint", **task_options(args.option))])
-    print(f"model {path}, {len(examples)} joint prompts (seed {args.seed}), teacher-forced; the first wrong token "
-          f"of each wrong fact-line copy\n")
+    model, tokenizer, examples = joint_probe_inputs(__doc__, limit=200, seed=8,
+                                                    what="the first wrong token of each wrong fact-line copy")
     with torch.inference_mode():
         print("\n".join(table(model, tokenizer, examples)))
 
