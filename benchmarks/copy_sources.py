@@ -54,11 +54,9 @@ def rival_sites(copy: list[int], others: list[list[int]]) -> list[tuple[int, int
     first rival found at j is kept."""
     sites = {}
     for other in others:
-        for j in range(2, min(len(copy), len(other))):
-            if other[:j] != copy[:j]:
-                break
-            if other[j] != copy[j]:
-                sites.setdefault(j, other[j])
+        j = next((i for i, (a, b) in enumerate(zip(copy, other)) if a != b), None)  # where they part
+        if j is not None and j >= 2:
+            sites.setdefault(j, other[j])
     return sorted(sites.items())
 
 
@@ -98,6 +96,8 @@ def parts(model) -> list[Part]:
 @contextmanager
 def removed(part: Part):
     """`part` set to zero while the context is open."""
+    import torch
+
     if part.where == "input":
         def hook(module, args):
             x = args[0].clone()
@@ -106,7 +106,7 @@ def removed(part: Part):
         handle = part.module.register_forward_pre_hook(hook)
     else:
         def hook(module, args, output):
-            return (output[0].new_zeros(output[0].shape), *output[1:])
+            return (torch.zeros_like(output[0]), *output[1:])
         handle = part.module.register_forward_hook(hook)
     try:
         yield
@@ -114,9 +114,11 @@ def removed(part: Part):
         handle.remove()
 
 
-def margins(forced, sites: list[Site]) -> list[float]:
-    """The causal logit of the right token minus the rival's at each site."""
-    return [float(forced.ar[s.k, s.right] - forced.ar[s.k, s.rival]) for s in sites]
+def causal_margins(model, ids, start: int, sites: list[Site]) -> list[float]:
+    """The right token's logit minus the rival's at each site, from one causal forward over `ids`
+    [1, T]: the prompt, then the answer from column `start`."""
+    logits = model(ids).logits[0, start - 1:]  # row k predicts answer token k
+    return [float(logits[s.k, s.right] - logits[s.k, s.rival]) for s in sites]
 
 
 def effects(base: list[float], ablated: list[float]) -> dict[str, float]:
@@ -135,22 +137,26 @@ def effects(base: list[float], ablated: list[float]) -> dict[str, float]:
 def table(model, tokenizer, examples) -> list[str]:
     """The sites of `examples` and, per part removed, its effects on them (`effects`); each row is
     printed as it is measured."""
+    import torch
+
+    from clover.data import format_chat
     from clover.evaluation.field_loss import teacher_forced
 
     cases = []
     for example in examples:
-        forced = teacher_forced(model, tokenizer, example)
-        sites = example_sites(tokenizer, forced, example)
-        if sites:
-            cases.append((example, sites, margins(forced, sites)))
-    base = [m for _, _, ms in cases for m in ms]
+        forced = teacher_forced(model, tokenizer, example)  # the answer's tokens and their spans
+        if sites := example_sites(tokenizer, forced, example):
+            prompt = tokenizer(format_chat(tokenizer, example, enable_thinking=None).prompt,
+                               add_special_tokens=False).input_ids
+            ids = torch.cat((forced.targets.new_tensor(prompt), forced.targets))[None]
+            cases.append((ids, len(prompt), sites))
+    base = [m for case in cases for m in causal_margins(model, *case)]
     rows = [f"{len(base)} sites in {len(cases)} prompts, {sum(m < 0 for m in base)} wrong (rival above right)", "",
             f"{'part removed':<24}{'wrong: Δ margin':>17}{'mended':>8}{'right: Δ margin':>17}{'broken':>8}"]
     print("\n".join(rows), flush=True)
     for part in parts(model):
         with removed(part):
-            ablated = [m for example, sites, _ in cases
-                       for m in margins(teacher_forced(model, tokenizer, example), sites)]
+            ablated = [m for case in cases for m in causal_margins(model, *case)]
         e = effects(base, ablated)
         rows.append(f"{part.name:<24}{e['wrong']:>+17.2f}{e['mended']:>8}{e['right']:>+17.2f}{e['broken']:>8}")
         print(rows[-1], flush=True)
