@@ -119,22 +119,25 @@ def task_options(pairs: list[str]) -> dict:
         raise SystemExit(str(error)) from None
 
 
-def joint_probe_inputs(doc: str, limit: int, seed: int, what: str):
-    """`(model, tokenizer, examples)` of a teacher-forced joint probe: the parser of
-    `embedded_probe_parser` with --option (a joint task option, repeatable) and `--limit` joint
-    prompts of the evaluation split at `--seed`. Prints which, then `what` the probe measures."""
+def joint_probe_inputs(doc: str, limit: int, seed: int, what: str, extra=None):
+    """`(model, tokenizer, examples, args)` of a teacher-forced joint probe: the parser of
+    `embedded_probe_parser` with --option (a joint task option, repeatable), and whatever
+    `extra(parser)` adds, and `--limit` joint prompts of the evaluation split at `--seed`. Prints
+    which, then `what` the probe measures."""
     from clover.data import eval_examples, get_task
 
     parser = embedded_probe_parser(doc, limit=limit, limit_help="joint prompts", seed=seed)
     parser.add_argument("--option", action="append", default=[], metavar="NAME=JSON",
                         help='a joint task option for the prompts (repeatable), e.g. line_rules="keyed_first"')
+    if extra:
+        extra(parser)
     args = parser.parse_args()
     path, model, tokenizer = load_probe_model(args)
     examples = eval_examples(args.limit, seed=args.seed, tasks=[get_task("joint", **task_options(args.option))])
     options = "".join(f", {o}" for o in args.option)
     print(f"model {path}, {len(examples)} joint prompts (seed {args.seed}{options}), teacher-forced; {what}\n",
           flush=True)
-    return model, tokenizer, examples
+    return model, tokenizer, examples, args
 
 
 def decode_task_errors(doc: str, task_name: str, teacher_forced_table):

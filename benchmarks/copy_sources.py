@@ -1,4 +1,4 @@
-"""Which part of the model writes another line's word into joint's fact-line copies.
+"""Which part of the model writes another line's word into joint's fact-line (or rule) copies.
 
 `fact_copies.py` finds that most wrong copies go on as another pilot's prompt line goes on after the
 same words (`Mia is licensed` + `.`, from `Fay is licensed.`). This takes every such site in the
@@ -13,9 +13,15 @@ and each layer's MoE output (zero). A part that writes the rival's word raises t
 copy is wrong when removed; a part the copy needs lowers it where the copy is right. The table gives
 per part the mean margin change and how many sites change side, for the wrong and the right sites.
 
+With `--lines rule` the sites are in the rule copies instead (`Anyone who is insured is approved.`,
+looked up by the asked property): a token where another prompt rule has written the same tokens so
+far and goes on differently (`Anyone who is` + ` certified`, from the other rule).
+
     python benchmarks/copy_sources.py --limit 100 --seed 8
+    python benchmarks/copy_sources.py --limit 100 --seed 8 --lines rule
 """
 
+import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import joint_probe_inputs  # noqa: E402
 from fact_copies import copies, prompt_lines  # noqa: E402
+from joint_errors import part_spans  # noqa: E402
+
+LINES = ("fact", "rule")
+PROMPT_RULE = re.compile(r"^Anyone who is .+ is (\w+)\.$", re.MULTILINE)  # a prompt rule, by its property
 
 
 @dataclass(frozen=True)
@@ -60,14 +70,33 @@ def rival_sites(copy: list[int], others: list[list[int]]) -> list[tuple[int, int
     return sorted(sites.items())
 
 
-def example_sites(tokenizer, forced, example) -> list[Site]:
-    """The rival sites of every fact-line copy in `example`'s derivation, as answer token indices.
-    A copy whose tokens differ from its own prompt line's (tokenized alone) is left out."""
-    lines = {pilot: tokenizer(text, add_special_tokens=False).input_ids
-             for pilot, text in prompt_lines(example.prompt).items()}
+def rule_copies(reasoning: str) -> list[tuple[str, int, int]]:
+    """`(property, start, end)` of each rule copied in a derivation (its line's rule piece, each
+    sentence of it): the characters from `Anyone` through the full stop."""
+    found, at = [], 0
+    for line in reasoning.split("\n"):
+        for part, a, b in part_spans(line):
+            if part == "rule":
+                for m in PROMPT_RULE.finditer(line[a:b].replace(". ", ".\n")):
+                    found.append((m[1], at + a + m.start(), at + a + m.end()))
+        at += len(line) + 1
+    return found
+
+
+def prompt_rules(prompt: str) -> dict[str, str]:
+    """{property: its prompt rule} (`"Anyone who is insured is approved."`)."""
+    return {m[1]: m[0] for m in PROMPT_RULE.finditer(prompt)}
+
+
+def example_sites(tokenizer, forced, example, lines: str = "fact") -> list[Site]:
+    """The rival sites of every fact-line copy (or rule copy, `lines="rule"`) in `example`'s
+    derivation, as answer token indices. A copy whose tokens differ from its own prompt line's
+    (tokenized alone) is left out."""
+    spans, texts = (copies, prompt_lines) if lines == "fact" else (rule_copies, prompt_rules)
+    lines = {key: tokenizer(text, add_special_tokens=False).input_ids for key, text in texts(example.prompt).items()}
     at = forced.answer.index(example.reasoning)
     sites = []
-    for pilot, start, end in copies(example.reasoning):
+    for pilot, start, end in spans(example.reasoning):
         inside = forced.tokens(at + start, at + end)
         copy = forced.targets[inside].tolist()
         if lines.get(pilot) != copy:
@@ -134,8 +163,8 @@ def effects(base: list[float], ablated: list[float]) -> dict[str, float]:
             "right": mean(right), "broken": sum(a < 0 for _, a in right)}
 
 
-def table(model, tokenizer, examples) -> list[str]:
-    """The sites of `examples` and, per part removed, its effects on them (`effects`); each row is
+def table(model, tokenizer, examples, lines: str = "fact") -> list[str]:
+    """The sites of `examples`' fact-line (or rule, `lines`) copies and, per part removed, its effects on them (`effects`); each row is
     printed as it is measured."""
     import torch
 
@@ -145,7 +174,7 @@ def table(model, tokenizer, examples) -> list[str]:
     cases = []
     for example in examples:
         forced = teacher_forced(model, tokenizer, example)  # the answer's tokens and their spans
-        if sites := example_sites(tokenizer, forced, example):
+        if sites := example_sites(tokenizer, forced, example, lines):
             prompt = tokenizer(format_chat(tokenizer, example, enable_thinking=None).prompt,
                                add_special_tokens=False).input_ids
             ids = torch.cat((forced.targets.new_tensor(prompt), forced.targets))[None]
@@ -166,10 +195,12 @@ def table(model, tokenizer, examples) -> list[str]:
 def main() -> None:
     import torch
 
-    model, tokenizer, examples = joint_probe_inputs(__doc__, limit=100, seed=8,
-                                                    what="each part removed in turn")
+    model, tokenizer, examples, args = joint_probe_inputs(
+        __doc__, limit=100, seed=8, what="each part removed in turn",
+        extra=lambda parser: parser.add_argument("--lines", choices=LINES, default="fact",
+                                                 help="the copies whose sites are measured"))
     with torch.inference_mode():
-        table(model, tokenizer, examples)
+        table(model, tokenizer, examples, args.lines)
 
 
 if __name__ == "__main__":

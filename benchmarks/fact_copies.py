@@ -100,7 +100,7 @@ def table(model, tokenizer, examples) -> list[str]:
 def main() -> None:
     import torch
 
-    model, tokenizer, examples = joint_probe_inputs(__doc__, limit=200, seed=8,
+    model, tokenizer, examples, _ = joint_probe_inputs(__doc__, limit=200, seed=8,
                                                     what="the first wrong token of each wrong fact-line copy")
     with torch.inference_mode():
         print("\n".join(table(model, tokenizer, examples)))

@@ -34,6 +34,36 @@ def test_example_sites_follow_another_line_of_the_prompt(model, tokenizer):
     assert found
 
 
+def test_rule_copies_are_the_prompt_rules_of_the_asked_property():
+    found = 0
+    for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
+        rules = copy_sources.prompt_rules(example.prompt)
+        assert rules and all(rule.startswith("Anyone who is ") for rule in rules.values())
+        for line in example.reasoning.split("\n"):
+            if line.count(".") > 2:  # the question, the fact line, a rule and the verdict's line end
+                assert line.rstrip(" yesno").endswith(rules[line.split("? ")[0].rsplit(" ", 1)[-1]])
+        for key, start, end in copy_sources.rule_copies(example.reasoning):
+            found += 1
+            assert example.reasoning[start:end] == rules[key]
+    assert found
+
+
+def test_rule_sites_follow_another_rule_of_the_prompt(model, tokenizer):
+    found = 0
+    for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
+        with torch.inference_mode():
+            forced = teacher_forced(model, tokenizer, example)
+        rules = [tokenizer(text, add_special_tokens=False).input_ids
+                 for text in copy_sources.prompt_rules(example.prompt).values()]
+        for site in copy_sources.example_sites(tokenizer, forced, example, lines="rule"):
+            found += 1
+            assert forced.targets[site.k] == site.right != site.rival
+            written = forced.targets[:site.k].tolist()
+            assert any(written[len(written) - j:] == rule[:j] and rule[j] == site.rival
+                       for rule in rules for j in range(2, len(rule)))
+    assert found
+
+
 def test_removing_a_part_changes_the_logits_until_the_context_closes():
     model = tiny_model()
     ids = random_ids(1, 12)
