@@ -41,6 +41,7 @@ from .data import Batch
 SCALE = 10.0  # cosine similarity -> logit: a 0.3 lead over the next name is a 3-nat margin
 RIDGE = 1.0  # the ridge penalty per fitted token, on standardized residuals (0.3 overfits 150 tokens)
 OWNER_READOUTS = ("embedding", "ridge")
+OWNER_TARGETS = ("pilot", "asked")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,31 @@ class OwnerTokens:
     verbs: frozenset[int]
     space: int
     stops: frozenset[int]
+
+    @property
+    def classes(self) -> tuple[int, ...]:
+        """The token ids whose embeddings the owned tokens are scored against, by class."""
+        return self.names
+
+    def owners(self, ids: list[int]) -> list[int]:
+        return line_owners(ids, self)
+
+
+@dataclass(frozen=True)
+class AskedTokens:
+    """Token ids of derivation lines: each property (its class is its position), the question mark
+    that ends a question in the response, and the tokens that hold a newline (a line's end)."""
+
+    properties: tuple[int, ...]
+    ask: int
+    newlines: frozenset[int]
+
+    @property
+    def classes(self) -> tuple[int, ...]:
+        return self.properties
+
+    def owners(self, ids: list[int]) -> list[int]:
+        return asked_owners(ids, self)
 
 
 def joint_owner_tokens(tokenizer) -> OwnerTokens:
@@ -66,6 +92,31 @@ def joint_owner_tokens(tokenizer) -> OwnerTokens:
         raise ValueError(f"line-owner supervision needs the names {moved} to be the same token after a space")
     return OwnerTokens(tuple(required[name] for name in FIRST_NAMES), frozenset((required["is"], required["has"])),
                        required[" "], full_stops(tokenizer))
+
+
+def joint_asked_tokens(tokenizer) -> AskedTokens:
+    """Joint's properties (`BASE`, `DERIVED`), `?` and the newline tokens as `tokenizer` writes them;
+    each property and `?` must be one token."""
+    from clover.data.tasks.joint import BASE, DERIVED
+
+    required = single_tokens(tokenizer, (*BASE, *DERIVED, "?"), "asked-property supervision")
+    newlines = frozenset(i for i in range(len(tokenizer)) if "\n" in tokenizer.decode([i]))
+    return AskedTokens(tuple(required[word] for word in (*BASE, *DERIVED)), required["?"], newlines)
+
+
+def asked_owners(ids: list[int], tokens: AskedTokens) -> list[int]:
+    """For each token of `ids`, the class of the property its derivation line asks about (a property
+    right before `?`; the tokens after the `?` up to the next newline), or -1."""
+    property_class = {t: c for c, t in enumerate(tokens.properties)}
+    owners, owner = [-1] * len(ids), -1
+    for j, t in enumerate(ids):
+        if t in tokens.newlines:
+            owner = -1
+        elif t == tokens.ask and j > 0:
+            owner = property_class.get(ids[j - 1], -1)
+        else:
+            owners[j] = owner
+    return owners
 
 
 def line_owners(ids: list[int], tokens: OwnerTokens) -> list[int]:
@@ -83,16 +134,16 @@ def line_owners(ids: list[int], tokens: OwnerTokens) -> list[int]:
     return owners
 
 
-def batch_owners(batch: Batch, tokens: OwnerTokens) -> torch.Tensor:
-    """[N, P + R] long: `line_owners` over each row's real prompt tokens and targeted response; -1
-    on padding and untargeted tokens."""
+def batch_owners(batch: Batch, tokens: OwnerTokens | AskedTokens) -> torch.Tensor:
+    """[N, P + R] long: `tokens.owners` (`line_owners` or `asked_owners`) over each row's real prompt
+    tokens and targeted response; -1 on padding and untargeted tokens."""
     rows = []
     for prompt, real, response, targeted in zip(batch.prompt_ids.tolist(), batch.prompt_mask.tolist(),
                                                 batch.response_ids.tolist(), batch.target_mask.tolist()):
         kept = [c for c, r in enumerate(real) if r] + [len(prompt) + j for j, t in enumerate(targeted) if t]
         seq = prompt + response
         row = [-1] * len(seq)
-        for column, owner in zip(kept, line_owners([seq[c] for c in kept], tokens)):
+        for column, owner in zip(kept, tokens.owners([seq[c] for c in kept])):
             row[column] = owner
         rows.append(row)
     return torch.tensor(rows, dtype=torch.long, device=batch.prompt_ids.device)

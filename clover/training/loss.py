@@ -22,7 +22,7 @@ from torch import nn
 from .cache_handle import with_handles
 from .copy_attention import KeyTokens, RecordedAttention, copy_attention_loss, copy_sources, key_sources
 from .data import Batch
-from .line_owner import OwnerTokens, RecordedResiduals, batch_owners, line_owner_loss
+from .line_owner import AskedTokens, OwnerTokens, RecordedResiduals, batch_owners, line_owner_loss
 from .noising import BlockNoise
 
 
@@ -121,12 +121,13 @@ class JointLoss(nn.Module):
     the copy supervision's loss (copy_attention.py) over `copy_heads` (all when empty), times that
     weight, joins the total; it points at each copied token's source, or with `key_tokens` at each
     keyed copy's key. With `owner_tokens` and `owner_loss` > 0 the line-owner supervision's loss
-    (line_owner.py) at decoder layer `owner_layer`, read by `owner_readout`, times that weight, joins it too."""
+    (line_owner.py) at decoder layer `owner_layer`, read by `owner_readout`, times that weight, joins it too
+    (each fact line's pilot, or with `AskedTokens` each derivation line's asked property)."""
 
     def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None,
                  copy_attention: float = 0.0, copy_heads: tuple[tuple[int, int], ...] = (),
                  key_tokens: KeyTokens | None = None, owner_loss: float = 0.0, owner_layer: int = 0,
-                 owner_tokens: OwnerTokens | None = None, owner_readout: str = "embedding"):
+                 owner_tokens: OwnerTokens | AskedTokens | None = None, owner_readout: str = "embedding"):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
         self.copy_attention, self.copy_heads, self.key_tokens = copy_attention, copy_heads, key_tokens
@@ -144,7 +145,7 @@ class JointLoss(nn.Module):
             l_copy = copy_attention_loss(recorded, sources, batch.prompt_ids.shape[1], self.copy_heads)
             result = replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
         if self.owner_loss:
-            names = self.model.get_input_embeddings().weight[list(self.owner_tokens.names)]
+            names = self.model.get_input_embeddings().weight[list(self.owner_tokens.classes)]
             l_owner = line_owner_loss(torch.cat(residuals, dim=1), batch_owners(batch, self.owner_tokens), names,
                                       self.owner_readout)
             result = replace(result, total=result.total + self.owner_loss * l_owner, l_owner=l_owner)

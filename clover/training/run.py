@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .copy_attention import KeyTokens, joint_key_tokens
-from .line_owner import OwnerTokens, joint_owner_tokens
+from .line_owner import AskedTokens, OwnerTokens, joint_asked_tokens, joint_owner_tokens
 from .data import BatchSpec, PairDataset
 from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
 from .evaluation import combine, loss_evaluator, task_evaluator
@@ -184,7 +184,7 @@ def _fits(pair, data) -> bool:
 
 
 def fit_recipe(recipe: Recipe, model, dataset, dist: DistInfo, minutes: float, run_dir: Path,
-               key_tokens: KeyTokens | None = None, owner_tokens: OwnerTokens | None = None) -> Recipe:
+               key_tokens: KeyTokens | None = None, owner_tokens: OwnerTokens | AskedTokens | None = None) -> Recipe:
     """`recipe` with the steps that fill `minutes` here; the run dir's recipe.json records them."""
     seconds = measure_step_seconds(model, recipe.train, dataset, dist, key_tokens=key_tokens,
                                    owner_tokens=owner_tokens)
@@ -239,7 +239,8 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
                                   lambda message: log_line(run_dir, dist, message, echo=True))
     keyed = recipe.train.copy_attention and recipe.train.copy_targets == "keys"
     keys = joint_key_tokens(tokenizer) if keyed else None
-    owners = joint_owner_tokens(tokenizer) if recipe.train.owner_loss else None
+    owner_tokens = joint_asked_tokens if recipe.train.owner_target == "asked" else joint_owner_tokens
+    owners = owner_tokens(tokenizer) if recipe.train.owner_loss else None
     if fit_minutes is not None:
         recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys, owners)
     scales = grown_part_scales(model, recipe.model)

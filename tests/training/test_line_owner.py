@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from clover.training.data import Pair, collate
-from clover.training.line_owner import (OwnerTokens, RecordedResiduals, batch_owners, joint_owner_tokens,
-                                        line_owner_loss, line_owners)
+from clover.training.line_owner import (AskedTokens, OwnerTokens, RecordedResiduals, asked_owners, batch_owners,
+                                        joint_asked_tokens, joint_owner_tokens, line_owner_loss, line_owners)
 from clover.training.loss import JointLoss, causal_logits
 from clover.training.noising import noise_generator, sample_block_noise
 from clover.training.trainer import TrainConfig
@@ -42,6 +42,44 @@ def test_joint_s_owner_tokens_are_single_tokens_of_the_embedded_tokenizer():
     owned = [tokenizer.decode([t]) for t, c in zip(ids, line_owners(ids, tokens)) if c >= 0]
     assert "".join(owned) == " is insured.\n" + " is insured."
     assert {c for c in line_owners(ids, tokens) if c >= 0} == {FIRST_NAMES.index("Hal")}
+
+
+def test_a_derivation_line_is_owned_by_its_asked_property_after_the_question():
+    asked = AskedTokens(properties=(60, 61), ask=90, newlines=frozenset((91, 92)))
+    #      Is  _  Ana _ p60 ?   _  Ana _  is  .   _  yes \n  Is  _ p61 ?\n  Is  _ p61 ?
+    ids = [50, 9, 40, 9, 60, 90, 9, 40, 9, 20, 30, 9, 80, 91, 50, 9, 61, 92, 50, 9, 61, 90, 9, 62]
+    owners = asked_owners(ids, asked)
+    assert owners[:6] == [-1] * 6  # the question itself, its `?` included
+    assert owners[6:13] == [0] * 7  # the line after the question, its verdict included
+    assert owners[13:21] == [-1] * 8  # the newline ends it; a `?` glued to a newline (the prompt's) owns nothing
+    assert owners[21] == -1 and owners[22:] == [1, 1]  # the next line, cut off, stays owned to the end
+    assert asked_owners([20, 90, 9], asked) == [-1, -1, -1]  # `?` after a word that is no property
+
+
+def test_joint_s_asked_tokens_own_the_derivation_lines_after_their_questions():
+    from clover import default_model_dir
+    from clover.data import eval_examples, get_task
+    from clover.data.tasks.joint import BASE, DERIVED
+    from clover.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_dir())
+    tokens = joint_asked_tokens(tokenizer)
+    properties = (*BASE, *DERIVED)
+    assert [tokenizer.decode([t]) for t in tokens.classes] == list(properties)
+    for example in eval_examples(8, seed=0, tasks=[get_task("joint")]):
+        prompt = tokenizer(example.prompt, add_special_tokens=False).input_ids
+        assert set(asked_owners(prompt, tokens)) == {-1}  # the prompt's questions end in `?\n`
+        ids = tokenizer(example.reasoning, add_special_tokens=False).input_ids
+        owners = asked_owners(ids, tokens)
+        runs = []  # (owned text, its class) of each run of owned tokens
+        for j, (t, c) in enumerate(zip(ids, owners)):
+            if c >= 0 and (j == 0 or owners[j - 1] != c):
+                runs.append(("", c))
+            if c >= 0:
+                runs[-1] = (runs[-1][0] + tokenizer.decode([t]), c)
+        lines = example.reasoning.split("\n")
+        assert [text for text, _ in runs] == [line.split("?", 1)[1] for line in lines]
+        assert [properties[c] for _, c in runs] == [line.split("?")[0].rsplit(" ", 1)[-1] for line in lines]
 
 
 def test_a_tokenizer_that_splits_a_name_is_refused_with_the_name():
@@ -88,6 +126,14 @@ def test_the_fused_training_forwards_record_the_residuals_one_causal_forward_giv
     assert torch.allclose(fused.l_owner, causal, atol=1e-5)
     assert causal_ridge > 0 and torch.allclose(fused_ridge.l_owner, causal_ridge, atol=1e-4)
     assert torch.allclose(fused.total, plain.total + 0.5 * fused.l_owner, atol=1e-6)
+    asked = AskedTokens(properties=(61, 62), ask=30, newlines=frozenset((15,)))  # 30 after 61: a question
+    with torch.no_grad():
+        fused_asked = JointLoss(model, 4, alpha=1.0, owner_loss=0.5, owner_layer=1, owner_tokens=asked)(batch, noise)
+        owned = batch_owners(batch, asked)
+        causal_asked = line_owner_loss(recorded[0], owned, model.get_input_embeddings().weight[[61, 62]])
+    # the first row's 12 and, its line running on with no newline, the response's 40 9 20 9 61, then 13 14
+    assert (owned >= 0).sum(1).tolist() == [1 + 5 + 2, 0]
+    assert causal_asked > 0 and torch.allclose(fused_asked.l_owner, causal_asked, atol=1e-5)
 
 
 def test_the_loss_falls_as_the_residual_turns_to_the_line_s_pilot():
@@ -120,6 +166,8 @@ def test_bad_owner_settings_are_refused_by_name():
         TrainConfig(steps=1, batch_size=1, block_size=4, owner_loss=-0.1)
     with pytest.raises(ValueError, match="owner_readout='probe' must be one of"):
         TrainConfig(steps=1, batch_size=1, block_size=4, owner_readout="probe")
+    with pytest.raises(ValueError, match=r"owner_target='name' must be one of \('pilot', 'asked'\)"):
+        TrainConfig(steps=1, batch_size=1, block_size=4, owner_target="name")
     with pytest.raises(ValueError, match="owner_layer=9 is not one of the model's 4 decoder layers"):
         JointLoss(tiny_model(), 4, 1.0, owner_loss=0.1, owner_layer=9, owner_tokens=TOKENS)
     config = TrainConfig(steps=1, batch_size=4, block_size=4, owner_loss=0.1)
