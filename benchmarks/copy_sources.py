@@ -19,6 +19,7 @@ far and goes on differently (`Anyone who is` + ` certified`, from the other rule
 
     python benchmarks/copy_sources.py --limit 100 --seed 8
     python benchmarks/copy_sources.py --limit 100 --seed 8 --lines rule
+    python benchmarks/copy_sources.py --limit 200 --seed 8 --lines rule --sites-only --checkpoint RUN/checkpoints/step-N
 """
 
 import re
@@ -163,8 +164,8 @@ def effects(base: list[float], ablated: list[float]) -> dict[str, float]:
             "right": mean(right), "broken": sum(a < 0 for _, a in right)}
 
 
-def table(model, tokenizer, examples, lines: str = "fact") -> list[str]:
-    """The sites of `examples`' fact-line (or rule, `lines`) copies and, per part removed, its effects on them (`effects`); each row is
+def table(model, tokenizer, examples, lines: str = "fact", removals: bool = True) -> list[str]:
+    """The sites of `examples`' fact-line (or rule, `lines`) copies and, unless not `removals`, per part removed, its effects on them (`effects`); each row is
     printed as it is measured."""
     import torch
 
@@ -182,8 +183,8 @@ def table(model, tokenizer, examples, lines: str = "fact") -> list[str]:
     base = [m for case in cases for m in causal_margins(model, *case)]
     rows = [f"{len(base)} sites in {len(cases)} prompts, {sum(m < 0 for m in base)} wrong (rival above right)", "",
             f"{'part removed':<24}{'wrong: Δ margin':>17}{'mended':>8}{'right: Δ margin':>17}{'broken':>8}"]
-    print("\n".join(rows), flush=True)
-    for part in parts(model):
+    print("\n".join(rows if removals else rows[:1]), flush=True)
+    for part in parts(model) if removals else ():
         with removed(part):
             ablated = [m for case in cases for m in causal_margins(model, *case)]
         e = effects(base, ablated)
@@ -197,10 +198,12 @@ def main() -> None:
 
     model, tokenizer, examples, args = joint_probe_inputs(
         __doc__, limit=100, seed=8, what="each part removed in turn",
-        extra=lambda parser: parser.add_argument("--lines", choices=LINES, default="fact",
-                                                 help="the copies whose sites are measured"))
+        extra=lambda parser: (parser.add_argument("--lines", choices=LINES, default="fact",
+                                                  help="the copies whose sites are measured"),
+                              parser.add_argument("--sites-only", action="store_true",
+                                                  help="only count the sites and the wrong ones")))
     with torch.inference_mode():
-        table(model, tokenizer, examples, args.lines)
+        table(model, tokenizer, examples, args.lines, removals=not args.sites_only)
 
 
 if __name__ == "__main__":

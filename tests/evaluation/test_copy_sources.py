@@ -91,3 +91,5 @@ def test_table_has_a_row_per_part_and_counts_within_its_sites(model, tokenizer):
     for row in rows[3:]:
         mended, broken = int(row.split()[-3]), int(row.split()[-1])
         assert 0 <= mended <= wrong and 0 <= broken <= sites - wrong
+    with torch.inference_mode():
+        assert copy_sources.table(model, tokenizer, examples, removals=False) == rows[:3]  # the sites alone
