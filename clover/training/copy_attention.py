@@ -33,6 +33,12 @@ before them, yet no head of it looks from one to the other (`benchmarks/lookup_p
 from the embedded model, the heads learn to look at the prompt rules' property words, but at the
 asked one no more than at the others, and the copies get worse (BENCHMARKS.md, "Where joint's rule
 lookup fails").
+
+With `train.copy_targets: "sentence_keys"` the same is asked of rules copied in the prompt's sentence
+form: each token of a response sentence that opens with `Anyone`, after it to its full stop, attends
+to the prompt sentence that ends with the same property word (the copy's own last word before its
+full stop), at that word. The query there has to hold the asked property, which the shipped model's
+does not (asked-property supervision, `line_owner.py`, puts it there).
 """
 
 from collections.abc import Sequence
@@ -72,16 +78,18 @@ def copy_sources(batch: Batch, min_context: int = 2, max_context: int = MAX_CONT
     return torch.where(sourced, column, torch.full_like(column, -1))
 
 
-COPY_TARGETS = ("tokens", "keys")  # what copy supervision points at: each copied token's source, or its key
+COPY_TARGETS = ("tokens", "keys", "sentence_keys")  # each copied token's source, or its key (module doc)
 
 
 @dataclass(frozen=True)
 class KeyTokens:
-    """Token ids of a keyed copy: its possible keys, the colon after a key, and the full stops."""
+    """Token ids of a keyed copy: its possible keys, the colon after a key, and the full stops; with
+    `opener` (the word that opens a rule sentence), the copies sourced are the sentences instead."""
 
     keys: frozenset[int]
     colon: int
     stops: frozenset[int]
+    opener: int | None = None
 
 
 def single_tokens(tokenizer, texts, purpose: str) -> dict[str, int]:
@@ -99,33 +107,55 @@ def full_stops(tokenizer) -> frozenset[int]:
     return frozenset(i[0] for i in ids if len(i) == 1)
 
 
-def joint_key_tokens(tokenizer) -> KeyTokens:
+def joint_key_tokens(tokenizer, sentences: bool = False) -> KeyTokens:
     """Joint's keys (its derived properties), the colon and the full stops as `tokenizer` writes
-    them; each must be one token."""
+    them, and with `sentences` the rule sentences' opening word; each must be one token."""
     from clover.data.tasks.joint import DERIVED
 
-    required = single_tokens(tokenizer, (*DERIVED, ":", "."), "copy_targets='keys'")
-    return KeyTokens(frozenset(required[word] for word in DERIVED), required[":"], full_stops(tokenizer))
+    target = "sentence_keys" if sentences else "keys"
+    required = single_tokens(tokenizer, (*DERIVED, ":", ".", *(("Anyone",) if sentences else ())),
+                             f"copy_targets='{target}'")
+    return KeyTokens(frozenset(required[word] for word in DERIVED), required[":"], full_stops(tokenizer),
+                     required["Anyone"] if sentences else None)
 
 
 def key_sources(batch: Batch, tokens: KeyTokens) -> torch.Tensor:
     """[N, R] long: for each targeted response token of a keyed copy (after `key :`, to its full stop
-    included), the prompt column of that key where it ends a prompt sentence (`... is cleared.`); -1
-    for every other token, and for a key that ends no prompt sentence."""
+    included; with `tokens.opener`, of a sentence after its opener, to its full stop included, whose
+    key is its last word), the prompt column of that key where it ends a prompt sentence (`... is
+    cleared.`); -1 for every other token, and for a key that ends no prompt sentence."""
     rows = []
     for prompt, response in zip(batch.prompt_ids.tolist(), batch.response_ids.tolist()):
         ends = {t: c for c, (t, after) in enumerate(zip(prompt, prompt[1:]))
                 if t in tokens.keys and after in tokens.stops}
-        row, key = [-1] * len(response), None  # key: that of the copy being walked, if any
-        for j in range(2, len(response)):
-            if key is None and response[j - 1] == tokens.colon and response[j - 2] in ends:
-                key = response[j - 2]
-            if key is not None:
-                row[j] = ends[key]
-                key = None if response[j] in tokens.stops else key
-        rows.append(row)
+        rows.append(sentence_key_row(response, ends, tokens) if tokens.opener is not None
+                    else keyed_row(response, ends, tokens))
     out = torch.tensor(rows, dtype=torch.long, device=batch.response_ids.device).view_as(batch.response_ids)
     return torch.where(batch.target_mask, out, torch.full_like(out, -1))
+
+
+def keyed_row(response: list[int], ends: dict[int, int], tokens: KeyTokens) -> list[int]:
+    """`key_sources`' row for keyed copies (`key : ...`); `ends`: key -> its prompt column."""
+    row, key = [-1] * len(response), None  # key: that of the copy being walked, if any
+    for j in range(2, len(response)):
+        if key is None and response[j - 1] == tokens.colon and response[j - 2] in ends:
+            key = response[j - 2]
+        if key is not None:
+            row[j] = ends[key]
+            key = None if response[j] in tokens.stops else key
+    return row
+
+
+def sentence_key_row(response: list[int], ends: dict[int, int], tokens: KeyTokens) -> list[int]:
+    """`key_sources`' row for sentence copies (`Anyone ... key .`); `ends`: key -> its prompt column."""
+    row = [-1] * len(response)
+    for j, t in enumerate(response):
+        if t != tokens.opener:
+            continue
+        stop = next((k for k in range(j + 1, len(response)) if response[k] in tokens.stops), None)
+        if stop is not None and response[stop - 1] in ends:
+            row[j + 1:stop + 1] = [ends[response[stop - 1]]] * (stop - j)
+    return row
 
 
 class RecordedAttention:

@@ -49,7 +49,7 @@ class TrainConfig:
     suffix_mask: float = 0.0  # share of blocks masked from a random position to their end (noising.py)
     copy_attention: float = 0.0  # weight of the copy supervision's loss (copy_attention.py); 0: off
     copy_heads: tuple[tuple[int, int], ...] = ()  # (full-attention layer, head) it trains; empty: any
-    copy_targets: str = "tokens"  # what it points at: each copied token's source, or "keys" (copy_attention.py)
+    copy_targets: str = "tokens"  # what it points at: each copied token's source, "keys" or "sentence_keys" (copy_attention.py)
     owner_loss: float = 0.0  # weight of the line-owner supervision's loss (line_owner.py); 0: off
     owner_layer: int = 0  # the decoder layer whose output it reads
     owner_readout: str = "embedding"  # how it reads the pilot there: "embedding" or "ridge" (line_owner.py)
@@ -134,7 +134,8 @@ class Trainer:
                  update_scales: dict[str, torch.Tensor] | None = None, key_tokens: KeyTokens | None = None,
                  owner_tokens: OwnerTokens | AskedTokens | None = None):
         """`update_scales`: parameter name -> per-element multiplier of its updates (optim.py);
-        `key_tokens`: the keyed copies' token ids, which copy supervision needs with `copy_targets="keys"`;
+        `key_tokens`: the keyed copies' token ids, which copy supervision needs with `copy_targets="keys"`
+        (or "sentence_keys");
         `owner_tokens`: the fact lines' (or the asked properties') token ids, which line-owner supervision needs."""
         self.model, self.config, self.dataset, self.dist = model, config, dataset, dist
         self.run_dir = None if run_dir is None else Path(run_dir)
@@ -150,9 +151,10 @@ class Trainer:
         if config.owner_loss and self.sharded:
             raise ValueError("line-owner supervision reads whole name embeddings: use strategy 'ddp', not 'fsdp'")
         self.replicated = shard_fsdp(model, config.dtype) if self.sharded else []
-        if config.copy_attention and config.copy_targets == "keys" and key_tokens is None:
-            raise ValueError("copy_targets='keys' needs the keyed copies' token ids (key_tokens)")
-        keys = key_tokens if config.copy_targets == "keys" else None
+        keyed = config.copy_targets in ("keys", "sentence_keys")
+        if config.copy_attention and keyed and key_tokens is None:
+            raise ValueError(f"copy_targets={config.copy_targets!r} needs the keyed copies' token ids (key_tokens)")
+        keys = key_tokens if keyed else None
         loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset, config.copy_attention,
                          config.copy_heads, keys, config.owner_loss, config.owner_layer, owner_tokens,
                          config.owner_readout)

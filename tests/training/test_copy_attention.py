@@ -172,6 +172,43 @@ def test_a_key_without_a_prompt_sentence_and_untargeted_tokens_have_no_source():
     assert not ((sources >= 0) & ~batch.target_mask).any()
 
 
+def test_a_rule_sentence_copy_points_at_the_prompt_sentence_that_ends_with_its_last_word():
+    sentences = KeyTokens(keys=frozenset({90, 91}), colon=33, stops=frozenset({21, 22}), opener=70)
+    # prompt: "Anyone a is 90 ." "Anyone c is 91 .\n"; response: "x . Anyone c is 91 . no Anyone a is 92 . Anyone b"
+    prompt = (70, 40, 50, 90, 21, 70, 42, 50, 91, 22)
+    response = (44, 21, 70, 42, 50, 91, 21, 60, 70, 40, 50, 92, 21, 70, 41, EOS)
+    batch = _batch([Pair(prompt, response)])
+    sources = key_sources(batch, sentences)[0].tolist()
+    # the first copy, after its opener to its full stop, points at 91's prompt column (8); 92 ends no prompt
+    # sentence and the last copy has no full stop: neither points anywhere; the keyed rows find nothing here
+    assert sources[:16] == [-1, -1, -1, 8, 8, 8, 8] + [-1] * 9
+    assert (key_sources(batch, KEYS) < 0).all()
+
+
+def test_joint_s_rule_copies_point_at_the_asked_rule_s_property_word():
+    from clover import default_model_dir
+    from clover.data import eval_examples, get_task
+    from clover.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_dir())
+    keys, found = joint_key_tokens(tokenizer, sentences=True), 0
+    for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
+        prompt = tokenizer(example.prompt, add_special_tokens=False).input_ids
+        response = tokenizer(example.reasoning, add_special_tokens=False).input_ids
+        sources = key_sources(_batch([Pair(tuple(prompt), (*response, EOS))]), keys)[0, :len(response)].tolist()
+        runs = []  # (pointed text, the prompt word pointed at) of each run of tokens with one source
+        for j, column in enumerate(sources):
+            if column >= 0 and (j == 0 or sources[j - 1] != column):
+                runs.append(("", tokenizer.decode([prompt[column]])))
+            if column >= 0:
+                runs[-1] = (runs[-1][0] + tokenizer.decode([response[j]]), runs[-1][1])
+        rules = [line for line in example.reasoning.split("\n") if " Anyone " in line]
+        found += len(rules)
+        assert [text for text, _ in runs] == [" " + line.split(" Anyone ")[1].rsplit(" ", 1)[0] for line in rules]
+        assert [word for _, word in runs] == [line.split("?")[0].rsplit(" ", 1)[-1] for line in rules]
+    assert found
+
+
 def test_joint_s_key_tokens_are_single_tokens_of_the_embedded_tokenizer():
     from clover.data.tasks.joint import DERIVED
     from clover.data.tokenizer import load_tokenizer
@@ -181,6 +218,7 @@ def test_joint_s_key_tokens_are_single_tokens_of_the_embedded_tokenizer():
     keys = joint_key_tokens(tokenizer)
     assert {tokenizer.decode([k]) for k in keys.keys} == set(DERIVED) and tokenizer.decode([keys.colon]) == ":"
     assert {tokenizer.decode([s]) for s in keys.stops} == {".", ".\n"}
+    assert keys.opener is None and tokenizer.decode([joint_key_tokens(tokenizer, sentences=True).opener]) == "Anyone"
 
 
 def test_key_targets_train_through_the_objective_and_need_their_tokens():
@@ -203,5 +241,8 @@ def test_a_trainer_with_key_targets_is_refused_without_the_key_tokens():
     config = TrainConfig(steps=1, batch_size=4, block_size=4, copy_attention=0.1, copy_targets="keys")
     with pytest.raises(ValueError, match="copy_targets='keys' needs the keyed copies' token ids"):
         Trainer(digits_model(seed=1), config, digits_dataset(4), progress=False)
+    sentences = TrainConfig(steps=1, batch_size=4, block_size=4, copy_attention=0.1, copy_targets="sentence_keys")
+    with pytest.raises(ValueError, match="copy_targets='sentence_keys' needs the keyed copies' token ids"):
+        Trainer(digits_model(seed=1), sentences, digits_dataset(4), progress=False)
     trainer = Trainer(digits_model(seed=1), config, digits_dataset(4), progress=False, key_tokens=KEYS)
     assert trainer.train_step().l_copy == 0.0  # digits hold no keyed copy: nothing to point at
