@@ -22,7 +22,6 @@ far and goes on differently (`Anyone who is` + ` certified`, from the other rule
     python benchmarks/copy_sources.py --limit 200 --seed 8 --lines rule --sites-only --checkpoint RUN/checkpoints/step-N
 """
 
-import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import joint_probe_inputs  # noqa: E402
 from fact_copies import copies, prompt_lines  # noqa: E402
 from joint_errors import part_spans  # noqa: E402
+from rule_lookups import SENTENCE  # noqa: E402
 
 LINES = ("fact", "rule")
-PROMPT_RULE = re.compile(r"^Anyone who is .+ is (\w+)\.$", re.MULTILINE)  # a prompt rule, by its property
 
 
 @dataclass(frozen=True)
@@ -78,15 +77,14 @@ def rule_copies(reasoning: str) -> list[tuple[str, int, int]]:
     for line in reasoning.split("\n"):
         for part, a, b in part_spans(line):
             if part == "rule":
-                for m in PROMPT_RULE.finditer(line[a:b].replace(". ", ".\n")):
-                    found.append((m[1], at + a + m.start(), at + a + m.end()))
+                found += [(m[2], at + a + m.start(), at + a + m.end()) for m in SENTENCE.finditer(line[a:b])]
         at += len(line) + 1
     return found
 
 
 def prompt_rules(prompt: str) -> dict[str, str]:
     """{property: its prompt rule} (`"Anyone who is insured is approved."`)."""
-    return {m[1]: m[0] for m in PROMPT_RULE.finditer(prompt)}
+    return {m[2]: m[0] for m in SENTENCE.finditer(prompt)}
 
 
 def example_sites(tokenizer, forced, example, lines: str = "fact") -> list[Site]:
