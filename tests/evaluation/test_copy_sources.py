@@ -1,6 +1,7 @@
-"""`benchmarks/copy_sources.py` finds the sites where another fact line goes on differently after the
-words a copy has written, and removes one part of the model at a time."""
+"""`benchmarks/copy_sources.py` finds the sites where another fact line (or rule) goes on differently
+after the words a copy has written, and removes one part of the model at a time."""
 
+import pytest
 import torch
 
 from clover.data import eval_examples, get_task
@@ -18,19 +19,20 @@ def test_rival_sites_are_where_another_line_parts_after_the_same_tokens():
     assert copy_sources.rival_sites(copy, [[1, 7, 3, 9]]) == []  # parted before: the words differ
 
 
-def test_example_sites_follow_another_line_of_the_prompt(model, tokenizer):
+@pytest.mark.parametrize("lines", ["fact", "rule"])
+def test_example_sites_follow_another_line_of_the_prompt(model, tokenizer, lines):
+    texts = copy_sources.prompt_lines if lines == "fact" else copy_sources.prompt_rules
     found = 0
     for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
         with torch.inference_mode():
             forced = teacher_forced(model, tokenizer, example)
-        lines = [tokenizer(text, add_special_tokens=False).input_ids
-                 for text in copy_sources.prompt_lines(example.prompt).values()]
-        for site in copy_sources.example_sites(tokenizer, forced, example):
+        others = [tokenizer(text, add_special_tokens=False).input_ids for text in texts(example.prompt).values()]
+        for site in copy_sources.example_sites(tokenizer, forced, example, lines):
             found += 1
             assert forced.targets[site.k] == site.right != site.rival
             written = forced.targets[:site.k].tolist()
-            assert any(written[len(written) - j:] == line[:j] and line[j] == site.rival
-                       for line in lines for j in range(2, len(line)))
+            assert any(written[len(written) - j:] == other[:j] and other[j] == site.rival
+                       for other in others for j in range(2, len(other)))
     assert found
 
 
@@ -39,28 +41,11 @@ def test_rule_copies_are_the_prompt_rules_of_the_asked_property():
     for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
         rules = copy_sources.prompt_rules(example.prompt)
         assert rules and all(rule.startswith("Anyone who is ") for rule in rules.values())
-        for line in example.reasoning.split("\n"):
-            if line.count(".") > 2:  # the question, the fact line, a rule and the verdict's line end
-                assert line.rstrip(" yesno").endswith(rules[line.split("? ")[0].rsplit(" ", 1)[-1]])
-        for key, start, end in copy_sources.rule_copies(example.reasoning):
-            found += 1
-            assert example.reasoning[start:end] == rules[key]
-    assert found
-
-
-def test_rule_sites_follow_another_rule_of_the_prompt(model, tokenizer):
-    found = 0
-    for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
-        with torch.inference_mode():
-            forced = teacher_forced(model, tokenizer, example)
-        rules = [tokenizer(text, add_special_tokens=False).input_ids
-                 for text in copy_sources.prompt_rules(example.prompt).values()]
-        for site in copy_sources.example_sites(tokenizer, forced, example, lines="rule"):
-            found += 1
-            assert forced.targets[site.k] == site.right != site.rival
-            written = forced.targets[:site.k].tolist()
-            assert any(written[len(written) - j:] == rule[:j] and rule[j] == site.rival
-                       for rule in rules for j in range(2, len(rule)))
+        copied = copy_sources.rule_copies(example.reasoning)
+        asked = [line.split("?")[0].rsplit(" ", 1)[-1] for line in example.reasoning.split("\n") if " Anyone " in line]
+        assert [key for key, _, _ in copied] == asked
+        assert [example.reasoning[start:end] for _, start, end in copied] == [rules[key] for key in asked]
+        found += len(copied)
     assert found
 
 
