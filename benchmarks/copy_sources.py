@@ -163,8 +163,8 @@ def effects(base: list[float], ablated: list[float]) -> dict[str, float]:
 
 
 def table(model, tokenizer, examples, lines: str = "fact", removals: bool = True) -> list[str]:
-    """The sites of `examples`' fact-line (or rule, `lines`) copies and, unless not `removals`, per part removed, its effects on them (`effects`); each row is
-    printed as it is measured."""
+    """The sites of `examples`' fact-line (or rule, `lines`) copies and, with `removals`, per part
+    removed, its effects on them (`effects`); each row is printed as it is measured."""
     import torch
 
     from clover.data import format_chat

@@ -28,7 +28,8 @@ from .trainer import TrainConfig, Trainer
 
 def measure_step_seconds(model: torch.nn.Module, config: TrainConfig, dataset: PairDataset,
                          dist: DistInfo = DistInfo(), steps: int = 8, warmup: int = 2,
-                         key_tokens: KeyTokens | None = None, owner_tokens: OwnerTokens | AskedTokens | None = None) -> float:
+                         key_tokens: KeyTokens | None = None,
+                         owner_tokens: OwnerTokens | AskedTokens | None = None) -> float:
     """Mean seconds of one training step (forward, backward, optimizer) over `steps` timed steps
     after `warmup` untimed ones, on a deep copy of `model` (mean over ranks); `key_tokens` and
     `owner_tokens` as the trainer takes them."""

@@ -145,8 +145,8 @@ class JointLoss(nn.Module):
             l_copy = copy_attention_loss(recorded, sources, batch.prompt_ids.shape[1], self.copy_heads)
             result = replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
         if self.owner_loss:
-            names = self.model.get_input_embeddings().weight[list(self.owner_tokens.classes)]
-            l_owner = line_owner_loss(torch.cat(residuals, dim=1), batch_owners(batch, self.owner_tokens), names,
+            classes = self.model.get_input_embeddings().weight[list(self.owner_tokens.classes)]
+            l_owner = line_owner_loss(torch.cat(residuals, dim=1), batch_owners(batch, self.owner_tokens), classes,
                                       self.owner_readout)
             result = replace(result, total=result.total + self.owner_loss * l_owner, l_owner=l_owner)
         return result
