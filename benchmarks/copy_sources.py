@@ -30,10 +30,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import joint_probe_inputs  # noqa: E402
 from fact_copies import copies, prompt_lines  # noqa: E402
-from joint_errors import part_spans  # noqa: E402
 from rule_lookups import SENTENCE  # noqa: E402
+from rule_lookups import rule_copies as rule_lookups  # noqa: E402
 
 LINES = ("fact", "rule")
+OPENING = "Anyone who is "  # what every rule sentence writes before its first condition
 
 
 @dataclass(frozen=True)
@@ -71,15 +72,9 @@ def rival_sites(copy: list[int], others: list[list[int]]) -> list[tuple[int, int
 
 
 def rule_copies(reasoning: str) -> list[tuple[str, int, int]]:
-    """`(property, start, end)` of each rule copied in a derivation (its line's rule piece, each
-    sentence of it): the characters from `Anyone` through the full stop."""
-    found, at = [], 0
-    for line in reasoning.split("\n"):
-        for part, a, b in part_spans(line):
-            if part == "rule":
-                found += [(m[2], at + a + m.start(), at + a + m.end()) for m in SENTENCE.finditer(line[a:b])]
-        at += len(line) + 1
-    return found
+    """`(property, start, end)` of each rule copied in a derivation (`rule_lookups.rule_copies`, which
+    spans from the first condition): the characters from `Anyone` through the full stop."""
+    return [(rule, start - len(OPENING), end) for start, end, rule, _, _ in rule_lookups(reasoning)]
 
 
 def prompt_rules(prompt: str) -> dict[str, str]:
@@ -194,12 +189,12 @@ def table(model, tokenizer, examples, lines: str = "fact", removals: bool = True
 def main() -> None:
     import torch
 
-    model, tokenizer, examples, args = joint_probe_inputs(
-        __doc__, limit=100, seed=8, what="each part removed in turn",
-        extra=lambda parser: (parser.add_argument("--lines", choices=LINES, default="fact",
-                                                  help="the copies whose sites are measured"),
-                              parser.add_argument("--sites-only", action="store_true",
-                                                  help="only count the sites and the wrong ones")))
+    def add_arguments(parser):
+        parser.add_argument("--lines", choices=LINES, default="fact", help="the copies whose sites are measured")
+        parser.add_argument("--sites-only", action="store_true", help="only count the sites and the wrong ones")
+
+    model, tokenizer, examples, args = joint_probe_inputs(__doc__, limit=100, seed=8, what="each part removed in turn",
+                                                          extra=add_arguments)
     with torch.inference_mode():
         table(model, tokenizer, examples, args.lines, removals=not args.sites_only)
 

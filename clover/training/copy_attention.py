@@ -78,7 +78,8 @@ def copy_sources(batch: Batch, min_context: int = 2, max_context: int = MAX_CONT
     return torch.where(sourced, column, torch.full_like(column, -1))
 
 
-COPY_TARGETS = ("tokens", "keys", "sentence_keys")  # each copied token's source, or its key (module doc)
+KEY_TARGETS = ("keys", "sentence_keys")  # copy targets that point at a lookup's key (module doc)
+COPY_TARGETS = ("tokens", *KEY_TARGETS)  # each copied token's source, or its key
 
 
 @dataclass(frozen=True)

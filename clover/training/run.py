@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .copy_attention import KeyTokens, joint_key_tokens
+from .copy_attention import KEY_TARGETS, KeyTokens, joint_key_tokens
 from .line_owner import AskedTokens, OwnerTokens, joint_asked_tokens, joint_owner_tokens
 from .data import BatchSpec, PairDataset
 from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
@@ -237,7 +237,7 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
     model.to(device_for(dist, recipe.device))
     dataset, eval_fn = build_data(recipe, tokenizer, roles, model,
                                   lambda message: log_line(run_dir, dist, message, echo=True))
-    keyed = recipe.train.copy_attention and recipe.train.copy_targets in ("keys", "sentence_keys")
+    keyed = recipe.train.copy_attention and recipe.train.copy_targets in KEY_TARGETS
     keys = joint_key_tokens(tokenizer, recipe.train.copy_targets == "sentence_keys") if keyed else None
     owner_tokens = joint_asked_tokens if recipe.train.owner_target == "asked" else joint_owner_tokens
     owners = owner_tokens(tokenizer) if recipe.train.owner_loss else None

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from . import checkpointing as ckpt
 from .data import PairDataset
 from .activation_checkpointing import checkpoint_layers
-from .copy_attention import COPY_TARGETS, KeyTokens
+from .copy_attention import COPY_TARGETS, KEY_TARGETS, KeyTokens
 from .line_owner import OWNER_READOUTS, OWNER_TARGETS, AskedTokens, OwnerTokens
 from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
@@ -151,7 +151,7 @@ class Trainer:
         if config.owner_loss and self.sharded:
             raise ValueError("line-owner supervision reads whole name embeddings: use strategy 'ddp', not 'fsdp'")
         self.replicated = shard_fsdp(model, config.dtype) if self.sharded else []
-        keyed = config.copy_targets in ("keys", "sentence_keys")
+        keyed = config.copy_targets in KEY_TARGETS
         if config.copy_attention and keyed and key_tokens is None:
             raise ValueError(f"copy_targets={config.copy_targets!r} needs the keyed copies' token ids (key_tokens)")
         keys = key_tokens if keyed else None
