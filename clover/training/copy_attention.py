@@ -39,6 +39,11 @@ form: each token of a response sentence that opens with `Anyone`, after it to it
 to the prompt sentence that ends with the same property word (the copy's own last word before its
 full stop), at that word. The query there has to hold the asked property, which the shipped model's
 does not (asked-property supervision, `line_owner.py`, puts it there).
+
+With `train.copy_targets: "first_keys"` only the first condition of each such copy is sourced (its
+first property word after the opener): the one token whose rule the words already written do not
+name. Sentence keys' loss, a mean over every token of a copy, falls to 0.02 while the first
+condition's lookup stays a near guess (BENCHMARKS.md, "The rule copies' query").
 """
 
 from collections.abc import Sequence
@@ -78,19 +83,21 @@ def copy_sources(batch: Batch, min_context: int = 2, max_context: int = MAX_CONT
     return torch.where(sourced, column, torch.full_like(column, -1))
 
 
-KEY_TARGETS = ("keys", "sentence_keys")  # copy targets that point at a lookup's key (module doc)
+KEY_TARGETS = ("keys", "sentence_keys", "first_keys")  # copy targets that point at a lookup's key (module doc)
 COPY_TARGETS = ("tokens", *KEY_TARGETS)  # each copied token's source, or its key
 
 
 @dataclass(frozen=True)
 class KeyTokens:
     """Token ids of a keyed copy: its possible keys, the colon after a key, and the full stops; with
-    `opener` (the word that opens a rule sentence), the copies sourced are the sentences instead."""
+    `opener` (the word that opens a rule sentence), the copies sourced are the sentences instead, and
+    with `conditions` (every property word) only each sentence's first condition."""
 
     keys: frozenset[int]
     colon: int
     stops: frozenset[int]
     opener: int | None = None
+    conditions: frozenset[int] | None = None
 
 
 def single_tokens(tokenizer, texts, purpose: str) -> dict[str, int]:
@@ -108,16 +115,20 @@ def full_stops(tokenizer) -> frozenset[int]:
     return frozenset(i[0] for i in ids if len(i) == 1)
 
 
-def joint_key_tokens(tokenizer, sentences: bool = False) -> KeyTokens:
+def joint_key_tokens(tokenizer, target: str = "keys") -> KeyTokens:
     """Joint's keys (its derived properties), the colon and the full stops as `tokenizer` writes
-    them, and with `sentences` the rule sentences' opening word; each must be one token."""
-    from clover.data.tasks.joint import DERIVED
+    them; for the sentence targets (`target`, one of KEY_TARGETS) the rule sentences' opening word,
+    and for "first_keys" every property word; each must be one token."""
+    from clover.data.tasks.joint import BASE, DERIVED
 
-    target = "sentence_keys" if sentences else "keys"
-    required = single_tokens(tokenizer, (*DERIVED, ":", ".", *(("Anyone",) if sentences else ())),
-                             f"copy_targets='{target}'")
+    if target not in KEY_TARGETS:
+        raise ValueError(f"key target {target!r} must be one of {KEY_TARGETS}")
+    sentences, first = target != "keys", target == "first_keys"
+    words = (*DERIVED, ":", ".", *(("Anyone",) if sentences else ()), *(BASE if first else ()))
+    required = single_tokens(tokenizer, words, f"copy_targets='{target}'")
     return KeyTokens(frozenset(required[word] for word in DERIVED), required[":"], full_stops(tokenizer),
-                     required["Anyone"] if sentences else None)
+                     required["Anyone"] if sentences else None,
+                     frozenset(required[word] for word in (*BASE, *DERIVED)) if first else None)
 
 
 def key_sources(batch: Batch, tokens: KeyTokens) -> torch.Tensor:
@@ -148,14 +159,19 @@ def keyed_row(response: list[int], ends: dict[int, int], tokens: KeyTokens) -> l
 
 
 def sentence_key_row(response: list[int], ends: dict[int, int], tokens: KeyTokens) -> list[int]:
-    """`key_sources`' row for sentence copies (`Anyone ... key .`); `ends`: key -> its prompt column."""
+    """`key_sources`' row for sentence copies (`Anyone ... key .`), or with `tokens.conditions` for
+    their first conditions only; `ends`: key -> its prompt column."""
     row = [-1] * len(response)
     for j, t in enumerate(response):
         if t != tokens.opener:
             continue
         stop = next((k for k in range(j + 1, len(response)) if response[k] in tokens.stops), None)
-        if stop is not None and response[stop - 1] in ends:
+        if stop is None or response[stop - 1] not in ends:
+            continue
+        if tokens.conditions is None:
             row[j + 1:stop + 1] = [ends[response[stop - 1]]] * (stop - j)
+        elif (first := next((k for k in range(j + 1, stop - 1) if response[k] in tokens.conditions), None)):
+            row[first] = ends[response[stop - 1]]
     return row
 
 

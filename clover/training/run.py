@@ -238,7 +238,7 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
     dataset, eval_fn = build_data(recipe, tokenizer, roles, model,
                                   lambda message: log_line(run_dir, dist, message, echo=True))
     keyed = recipe.train.copy_attention and recipe.train.copy_targets in KEY_TARGETS
-    keys = joint_key_tokens(tokenizer, recipe.train.copy_targets == "sentence_keys") if keyed else None
+    keys = joint_key_tokens(tokenizer, recipe.train.copy_targets) if keyed else None
     owner_tokens = joint_asked_tokens if recipe.train.owner_target == "asked" else joint_owner_tokens
     owners = owner_tokens(tokenizer) if recipe.train.owner_loss else None
     if fit_minutes is not None:

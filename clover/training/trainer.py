@@ -49,7 +49,7 @@ class TrainConfig:
     suffix_mask: float = 0.0  # share of blocks masked from a random position to their end (noising.py)
     copy_attention: float = 0.0  # weight of the copy supervision's loss (copy_attention.py); 0: off
     copy_heads: tuple[tuple[int, int], ...] = ()  # (full-attention layer, head) it trains; empty: any
-    copy_targets: str = "tokens"  # a copied token's source, or "keys" or "sentence_keys" (copy_attention.py)
+    copy_targets: str = "tokens"  # a copied token's source, or one of KEY_TARGETS (copy_attention.py)
     owner_loss: float = 0.0  # weight of the line-owner supervision's loss (line_owner.py); 0: off
     owner_layer: int = 0  # the decoder layer whose output it reads
     owner_readout: str = "embedding"  # how it reads the pilot there: "embedding" or "ridge" (line_owner.py)
@@ -134,8 +134,8 @@ class Trainer:
                  update_scales: dict[str, torch.Tensor] | None = None, key_tokens: KeyTokens | None = None,
                  owner_tokens: OwnerTokens | AskedTokens | None = None):
         """`update_scales`: parameter name -> per-element multiplier of its updates (optim.py);
-        `key_tokens`: the keyed copies' token ids, which copy supervision needs with `copy_targets="keys"`
-        (or "sentence_keys");
+        `key_tokens`: the keyed copies' token ids, which copy supervision needs with `copy_targets` one
+        of KEY_TARGETS;
         `owner_tokens`: the fact lines' (or the asked properties') token ids, which line-owner supervision needs."""
         self.model, self.config, self.dataset, self.dist = model, config, dataset, dist
         self.run_dir = None if run_dir is None else Path(run_dir)

@@ -185,13 +185,25 @@ def test_a_rule_sentence_copy_points_at_the_prompt_sentence_that_ends_with_its_l
     assert (key_sources(batch, KEYS) < 0).all()
 
 
+def test_first_keys_source_only_each_rule_copy_s_first_condition():
+    firsts = KeyTokens(keys=frozenset({90, 91}), colon=33, stops=frozenset({21, 22}), opener=70,
+                       conditions=frozenset({40, 41, 42, 90, 91}))
+    # prompt: "Anyone a is 90 ." "Anyone c and a is 91 .\n"; response: "Anyone 50 c and a is 91 . Anyone 50 a is 92 ."
+    prompt = (70, 40, 50, 90, 21, 70, 42, 60, 40, 50, 91, 22)
+    response = (70, 50, 42, 60, 40, 50, 91, 21, 70, 50, 40, 50, 92, 21, EOS)
+    sources = key_sources(_batch([Pair(prompt, response)]), firsts)[0, :len(response)].tolist()
+    # only the first property word after the first copy's opener (c, at 2) points at 91's column (10);
+    # the second copy's key 92 ends no prompt sentence
+    assert sources == [-1, -1, 10] + [-1] * 12
+
+
 def test_joint_s_rule_copies_point_at_the_asked_rule_s_property_word():
     from clover import default_model_dir
     from clover.data import eval_examples, get_task
     from clover.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(default_model_dir())
-    keys, found = joint_key_tokens(tokenizer, sentences=True), 0
+    keys, found = joint_key_tokens(tokenizer, "sentence_keys"), 0
     for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
         prompt = tokenizer(example.prompt, add_special_tokens=False).input_ids
         response = tokenizer(example.reasoning, add_special_tokens=False).input_ids
@@ -209,6 +221,27 @@ def test_joint_s_rule_copies_point_at_the_asked_rule_s_property_word():
     assert found
 
 
+def test_joint_s_first_keys_point_from_each_rule_copy_s_first_condition_at_its_rule():
+    from clover import default_model_dir
+    from clover.data import eval_examples, get_task
+    from clover.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_dir())
+    keys, found = joint_key_tokens(tokenizer, "first_keys"), 0
+    for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
+        prompt = tokenizer(example.prompt, add_special_tokens=False).input_ids
+        response = tokenizer(example.reasoning, add_special_tokens=False).input_ids
+        sources = key_sources(_batch([Pair(tuple(prompt), (*response, EOS))]), keys)[0, :len(response)].tolist()
+        pointed = [(tokenizer.decode([response[j]]), tokenizer.decode([prompt[c]])) for j, c in enumerate(sources) if c >= 0]
+        lines = [line for line in example.reasoning.split("\n") if " Anyone " in line]
+        found += len(lines)
+        assert pointed == [(line.split(" Anyone who is ")[1].split(" ")[0], line.split("?")[0].rsplit(" ", 1)[-1])
+                           for line in lines]
+    assert found
+    with pytest.raises(ValueError, match="key target 'lines' must be one of"):
+        joint_key_tokens(tokenizer, "lines")
+
+
 def test_joint_s_key_tokens_are_single_tokens_of_the_embedded_tokenizer():
     from clover.data.tasks.joint import DERIVED
     from clover.data.tokenizer import load_tokenizer
@@ -218,7 +251,7 @@ def test_joint_s_key_tokens_are_single_tokens_of_the_embedded_tokenizer():
     keys = joint_key_tokens(tokenizer)
     assert {tokenizer.decode([k]) for k in keys.keys} == set(DERIVED) and tokenizer.decode([keys.colon]) == ":"
     assert {tokenizer.decode([s]) for s in keys.stops} == {".", ".\n"}
-    assert keys.opener is None and tokenizer.decode([joint_key_tokens(tokenizer, sentences=True).opener]) == "Anyone"
+    assert keys.opener is None and tokenizer.decode([joint_key_tokens(tokenizer, "sentence_keys").opener]) == "Anyone"
 
 
 def test_key_targets_train_through_the_objective_and_need_their_tokens():
