@@ -27,6 +27,13 @@ checkpoints, resumption and export are unchanged (`OWNER_READOUTS`):
   other half's tokens; the loss is the mean squared error of those predictions. Any direction that
   holds the pilot serves; the gradient moves the held-out residuals along the directions the other
   half's fit reads. Measured, those directions are noise at the start: the loss stays at chance.
+
+Other targets (`OWNER_TARGETS`), read the same way against the properties' embeddings:
+`"asked"` (`AskedTokens`) asks each token of a derivation line, after its question, for the property
+the question asks: what the lookup of its rule matches. `"rule_first"` (`RuleFirstTokens`) asks a
+rule sentence's property word (`cleared` in `Anyone who is licensed and rested is cleared.`) for the
+rule's first condition (`licensed`): what a head that looks the rule up there reads, and what the
+copy writes next.
 """
 
 import inspect
@@ -41,7 +48,7 @@ from .data import Batch
 SCALE = 10.0  # cosine similarity -> logit: a 0.3 lead over the next name is a 3-nat margin
 RIDGE = 1.0  # the ridge penalty per fitted token, on standardized residuals (0.3 overfits 150 tokens)
 OWNER_READOUTS = ("embedding", "ridge")
-OWNER_TARGETS = ("pilot", "asked")
+OWNER_TARGETS = ("pilot", "asked", "rule_first")
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,26 @@ class AskedTokens:
         return asked_owners(ids, self)
 
 
+@dataclass(frozen=True)
+class RuleFirstTokens:
+    """Token ids of rule sentences: each property (its class is its position), the word that opens a
+    rule, and the full stops that end it."""
+
+    properties: tuple[int, ...]
+    opener: int
+    stops: frozenset[int]
+
+    @property
+    def classes(self) -> tuple[int, ...]:
+        return self.properties
+
+    def owners(self, ids: list[int]) -> list[int]:
+        return rule_first_owners(ids, self)
+
+
+TargetTokens = OwnerTokens | AskedTokens | RuleFirstTokens  # what the owner loss asks, by target
+
+
 def joint_owner_tokens(tokenizer) -> OwnerTokens:
     """Joint's pilots (`vocab.FIRST_NAMES`), `is`/`has`, the space and the full stops as
     `tokenizer` writes them; each must be one token, and a name the same token after a space as at
@@ -102,6 +129,33 @@ def joint_asked_tokens(tokenizer) -> AskedTokens:
     required = single_tokens(tokenizer, (*BASE, *DERIVED, "?"), "asked-property supervision")
     newlines = frozenset(i for i in range(len(tokenizer)) if "\n" in tokenizer.decode([i]))
     return AskedTokens(tuple(required[word] for word in (*BASE, *DERIVED)), required["?"], newlines)
+
+
+def joint_rule_first_tokens(tokenizer) -> RuleFirstTokens:
+    """Joint's properties (`BASE`, `DERIVED`), `Anyone` and the full stops as `tokenizer` writes them;
+    each property and `Anyone` must be one token."""
+    from clover.data.tasks.joint import BASE, DERIVED
+
+    required = single_tokens(tokenizer, (*BASE, *DERIVED, "Anyone"), "rule-first supervision")
+    return RuleFirstTokens(tuple(required[word] for word in (*BASE, *DERIVED)), required["Anyone"],
+                           full_stops(tokenizer))
+
+
+def rule_first_owners(ids: list[int], tokens: RuleFirstTokens) -> list[int]:
+    """For each token of `ids`, the class of its rule's first condition (the first property after
+    the opener) where it is a rule sentence's last word before the full stop and a property, or -1."""
+    property_class = {t: c for c, t in enumerate(tokens.properties)}
+    owners = [-1] * len(ids)
+    for j, t in enumerate(ids):
+        if t != tokens.opener:
+            continue
+        stop = next((k for k in range(j + 1, len(ids)) if ids[k] in tokens.stops), None)
+        if stop is None or ids[stop - 1] not in property_class:
+            continue
+        first = next((ids[k] for k in range(j + 1, stop - 1) if ids[k] in property_class), None)
+        if first is not None:
+            owners[stop - 1] = property_class[first]
+    return owners
 
 
 def asked_owners(ids: list[int], tokens: AskedTokens) -> list[int]:
@@ -134,8 +188,8 @@ def line_owners(ids: list[int], tokens: OwnerTokens) -> list[int]:
     return owners
 
 
-def batch_owners(batch: Batch, tokens: OwnerTokens | AskedTokens) -> torch.Tensor:
-    """[N, P + R] long: `tokens.owners` (`line_owners` or `asked_owners`) over each row's real prompt
+def batch_owners(batch: Batch, tokens: TargetTokens) -> torch.Tensor:
+    """[N, P + R] long: `tokens.owners` (`line_owners`, `asked_owners` or `rule_first_owners`) over each row's real prompt
     tokens and targeted response; -1 on padding and untargeted tokens."""
     rows = []
     for prompt, real, response, targeted in zip(batch.prompt_ids.tolist(), batch.prompt_mask.tolist(),

@@ -22,7 +22,7 @@ from torch import nn
 from .cache_handle import with_handles
 from .copy_attention import KeyTokens, RecordedAttention, copy_attention_loss, copy_sources, key_sources
 from .data import Batch
-from .line_owner import AskedTokens, OwnerTokens, RecordedResiduals, batch_owners, line_owner_loss
+from .line_owner import RecordedResiduals, TargetTokens, batch_owners, line_owner_loss
 from .noising import BlockNoise
 
 
@@ -122,12 +122,13 @@ class JointLoss(nn.Module):
     weight, joins the total; it points at each copied token's source, or with `key_tokens` at each
     keyed copy's key. With `owner_tokens` and `owner_loss` > 0 the line-owner supervision's loss
     (line_owner.py) at decoder layer `owner_layer`, read by `owner_readout`, times that weight, joins it too
-    (each fact line's pilot, or with `AskedTokens` each derivation line's asked property)."""
+    (each fact line's pilot, or with `AskedTokens` each derivation line's asked property, or with
+    `RuleFirstTokens` each rule sentence's first condition at its property word)."""
 
     def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None,
                  copy_attention: float = 0.0, copy_heads: tuple[tuple[int, int], ...] = (),
                  key_tokens: KeyTokens | None = None, owner_loss: float = 0.0, owner_layer: int = 0,
-                 owner_tokens: OwnerTokens | AskedTokens | None = None, owner_readout: str = "embedding"):
+                 owner_tokens: TargetTokens | None = None, owner_readout: str = "embedding"):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
         self.copy_attention, self.copy_heads, self.key_tokens = copy_attention, copy_heads, key_tokens

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .copy_attention import KEY_TARGETS, KeyTokens, joint_key_tokens
-from .line_owner import AskedTokens, OwnerTokens, joint_asked_tokens, joint_owner_tokens
+from .line_owner import TargetTokens, joint_asked_tokens, joint_owner_tokens, joint_rule_first_tokens
 from .data import BatchSpec, PairDataset
 from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
 from .evaluation import combine, loss_evaluator, task_evaluator
@@ -131,6 +131,25 @@ def grown_part_scales(model, grow: ModelRecipe) -> dict[str, torch.Tensor] | Non
     return scales or None
 
 
+def named_part_scales(model, lr_scales: tuple[tuple[str, float], ...]) -> dict[str, torch.Tensor]:
+    """Per-element update multipliers of the parameters `train.lr_scales` names, each its own
+    learning rate multiplier; a name that is not a parameter of `model` is refused by name."""
+    params = dict(model.named_parameters())
+    if missing := [name for name, _ in lr_scales if name not in params]:
+        raise ValueError(f"train.lr_scales names {missing}, which the model does not have "
+                         f"(its parameters are named like {next(iter(params))!r})")
+    return {name: torch.full_like(params[name], scale) for name, scale in lr_scales}
+
+
+def part_scales(model, recipe: Recipe) -> dict[str, torch.Tensor] | None:
+    """The grown parts' and the named parts' update multipliers together (multiplied where both
+    apply), or None when every part trains at the run's rate."""
+    scales = grown_part_scales(model, recipe.model) or {}
+    for name, scale in named_part_scales(model, recipe.train.lr_scales).items():
+        scales[name] = scales[name] * scale if name in scales else scale
+    return scales or None
+
+
 def build_model(recipe: Recipe, tokenizer):
     """(model, token roles): the `init` checkpoint (its mask id wins) or a fresh model."""
     if recipe.model.init:
@@ -184,7 +203,7 @@ def _fits(pair, data) -> bool:
 
 
 def fit_recipe(recipe: Recipe, model, dataset, dist: DistInfo, minutes: float, run_dir: Path,
-               key_tokens: KeyTokens | None = None, owner_tokens: OwnerTokens | AskedTokens | None = None) -> Recipe:
+               key_tokens: KeyTokens | None = None, owner_tokens: TargetTokens | None = None) -> Recipe:
     """`recipe` with the steps that fill `minutes` here; the run dir's recipe.json records them."""
     seconds = measure_step_seconds(model, recipe.train, dataset, dist, key_tokens=key_tokens,
                                    owner_tokens=owner_tokens)
@@ -239,11 +258,12 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
                                   lambda message: log_line(run_dir, dist, message, echo=True))
     keyed = recipe.train.copy_attention and recipe.train.copy_targets in KEY_TARGETS
     keys = joint_key_tokens(tokenizer, recipe.train.copy_targets) if keyed else None
-    owner_tokens = joint_asked_tokens if recipe.train.owner_target == "asked" else joint_owner_tokens
+    owner_tokens = {"pilot": joint_owner_tokens, "asked": joint_asked_tokens,
+                    "rule_first": joint_rule_first_tokens}[recipe.train.owner_target]
     owners = owner_tokens(tokenizer) if recipe.train.owner_loss else None
     if fit_minutes is not None:
         recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys, owners)
-    scales = grown_part_scales(model, recipe.model)
+    scales = part_scales(model, recipe)
     trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress, scales, keys, owners)
     if resume and not trainer.resume():
         trainer.log("resume requested but no checkpoint found: starting from step 0")

@@ -25,7 +25,7 @@ from . import checkpointing as ckpt
 from .data import PairDataset
 from .activation_checkpointing import checkpoint_layers
 from .copy_attention import COPY_TARGETS, KEY_TARGETS, KeyTokens
-from .line_owner import OWNER_READOUTS, OWNER_TARGETS, AskedTokens, OwnerTokens
+from .line_owner import OWNER_READOUTS, OWNER_TARGETS, TargetTokens
 from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
 from .noising import LEVEL_UNITS, noise_generator, sample_example_noise, step_level_bounds
@@ -53,8 +53,9 @@ class TrainConfig:
     owner_loss: float = 0.0  # weight of the line-owner supervision's loss (line_owner.py); 0: off
     owner_layer: int = 0  # the decoder layer whose output it reads
     owner_readout: str = "embedding"  # how it reads the pilot there: "embedding" or "ridge" (line_owner.py)
-    owner_target: str = "pilot"  # what it asks for: each fact line's pilot, or "asked": the question's property
+    owner_target: str = "pilot"  # what it asks for: each fact line's pilot, or one of OWNER_TARGETS (line_owner.py)
     lr: float = 1e-3
+    lr_scales: tuple[tuple[str, float], ...] = ()  # (parameter name, multiplier of its learning rate)
     min_lr_ratio: float = 0.1
     warmup_steps: int = 0
     weight_decay: float = 0.01
@@ -94,6 +95,8 @@ class TrainConfig:
             raise ValueError(f"owner_loss={self.owner_loss} must be >= 0")
         if self.owner_readout not in OWNER_READOUTS:
             raise ValueError(f"owner_readout={self.owner_readout!r} must be one of {OWNER_READOUTS}")
+        if bad := [(name, scale) for name, scale in self.lr_scales if not scale > 0]:
+            raise ValueError(f"lr_scales {bad}: each multiplier must be > 0")
         if self.owner_target not in OWNER_TARGETS:
             raise ValueError(f"owner_target={self.owner_target!r} must be one of {OWNER_TARGETS}")
 
@@ -132,7 +135,7 @@ class Trainer:
                  run_dir: str | Path | None = None, eval_fn: EvalFn | None = None,
                  dist: DistInfo = DistInfo(), progress: bool = True,
                  update_scales: dict[str, torch.Tensor] | None = None, key_tokens: KeyTokens | None = None,
-                 owner_tokens: OwnerTokens | AskedTokens | None = None):
+                 owner_tokens: TargetTokens | None = None):
         """`update_scales`: parameter name -> per-element multiplier of its updates (optim.py);
         `key_tokens`: the keyed copies' token ids, which copy supervision needs with `copy_targets` one
         of KEY_TARGETS;

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from clover.training.data import Pair, collate
-from clover.training.line_owner import (AskedTokens, OwnerTokens, RecordedResiduals, asked_owners, batch_owners,
-                                        joint_asked_tokens, joint_owner_tokens, line_owner_loss, line_owners)
+from clover.training.line_owner import (AskedTokens, OwnerTokens, RecordedResiduals, RuleFirstTokens, asked_owners,
+                                        batch_owners, joint_asked_tokens, joint_owner_tokens, joint_rule_first_tokens,
+                                        line_owner_loss, line_owners, rule_first_owners)
 from clover.training.loss import JointLoss, causal_logits
 from clover.training.noising import noise_generator, sample_block_noise
 from clover.training.trainer import TrainConfig
@@ -80,6 +81,35 @@ def test_joint_s_asked_tokens_own_the_derivation_lines_after_their_questions():
         lines = example.reasoning.split("\n")
         assert [text for text, _ in runs] == [line.split("?", 1)[1] for line in lines]
         assert [properties[c] for _, c in runs] == [line.split("?")[0].rsplit(" ", 1)[-1] for line in lines]
+
+
+def test_a_rule_sentence_s_property_word_owns_its_first_condition():
+    rules = RuleFirstTokens(properties=(40, 41, 42, 90, 91), opener=70, stops=frozenset({21, 22}))
+    # "Anyone 50 41 60 40 50 91 ." "Anyone 50 40 50 92 ." (92 no property) "Anyone 50 90 50 91 .\n" "Anyone 40"
+    ids = [70, 50, 41, 60, 40, 50, 91, 21, 70, 50, 40, 50, 92, 21, 70, 50, 90, 50, 91, 22, 70, 40]
+    owners = rule_first_owners(ids, rules)
+    # the first sentence's 91 (6) owns its first condition 41 (class 1); the third's 91 (18) owns 90 (3)
+    assert owners == [-1] * 6 + [1] + [-1] * 11 + [3] + [-1] * 3
+
+
+def test_joint_s_rule_property_words_own_their_first_conditions():
+    from clover import default_model_dir
+    from clover.data import eval_examples, get_task
+    from clover.data.tasks.joint import BASE, DERIVED
+    from clover.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_dir())
+    tokens, found = joint_rule_first_tokens(tokenizer), 0
+    assert [tokenizer.decode([t]) for t in tokens.classes] == [*BASE, *DERIVED]
+    for example in eval_examples(8, seed=0, tasks=[get_task("joint")]):
+        for text in (example.prompt, example.reasoning):
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+            owned = [(tokenizer.decode([t]), (*BASE, *DERIVED)[c]) for t, c in zip(ids, rule_first_owners(ids, tokens))
+                     if c >= 0]
+            rules = [rule.split(".")[0].split(" ") for rule in text.split("Anyone who is ")[1:]]
+            found += len(rules)
+            assert owned == [(rule[-1], rule[0]) for rule in rules]
+    assert found
 
 
 def test_a_tokenizer_that_splits_a_name_is_refused_with_the_name():
@@ -166,7 +196,7 @@ def test_bad_owner_settings_are_refused_by_name():
         TrainConfig(steps=1, batch_size=1, block_size=4, owner_loss=-0.1)
     with pytest.raises(ValueError, match="owner_readout='probe' must be one of"):
         TrainConfig(steps=1, batch_size=1, block_size=4, owner_readout="probe")
-    with pytest.raises(ValueError, match=r"owner_target='name' must be one of \('pilot', 'asked'\)"):
+    with pytest.raises(ValueError, match=r"owner_target='name' must be one of \('pilot', 'asked', 'rule_first'\)"):
         TrainConfig(steps=1, batch_size=1, block_size=4, owner_target="name")
     with pytest.raises(ValueError, match="owner_layer=9 is not one of the model's 4 decoder layers"):
         JointLoss(tiny_model(), 4, 1.0, owner_loss=0.1, owner_layer=9, owner_tokens=TOKENS)
