@@ -50,12 +50,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from clover.model.attention import GatedAttention, attention_scores
 
 from .data import Batch
 
 MAX_CONTEXT = 16  # tokens of left context compared
+SCALE = 10.0  # cosine similarity -> logit, in the copy value loss (as line_owner.SCALE)
 
 
 def copy_sources(batch: Batch, min_context: int = 2, max_context: int = MAX_CONTEXT) -> torch.Tensor:
@@ -177,19 +179,39 @@ def sentence_key_row(response: list[int], ends: dict[int, int], tokens: KeyToken
 
 class RecordedAttention:
     """Within `with`, every full-attention layer of `model` records (query, keys, mask, num_causal)
-    of each call, in call order: one list per layer."""
+    of each call, in call order: one list per layer. With `outputs`, each call's gated head outputs
+    (the input of `o_proj`, [N, T, H * D]) are kept too, in `self.outputs`: one list per layer."""
 
-    def __init__(self, model):
+    def __init__(self, model, outputs: bool = False):
         self.layers = [m for m in model.modules() if isinstance(m, GatedAttention)]
+        self.keep_outputs, self.outputs, self.handles = outputs, [], []
 
     def __enter__(self) -> list[list]:
-        for layer in self.layers:
+        self.outputs = [[] for _ in self.layers]
+        for layer, kept in zip(self.layers, self.outputs):
             layer.recorded = []
+            if self.keep_outputs:
+                self.handles.append(layer.o_proj.register_forward_pre_hook(
+                    lambda module, args, kept=kept: kept.append(args[0])))
         return [layer.recorded for layer in self.layers]
 
     def __exit__(self, *exc):
         for layer in self.layers:
             layer.recorded = None
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def causal_rows(calls: list, prompt_len: int, r: int):
+    """(call index, its rows, lo, hi) for each recorded call (`source_log_weights`) that predicts
+    response tokens: its causal query rows `rows` predict tokens lo..hi - 1."""
+    for c, (query, keys, _, num_causal) in enumerate(calls):
+        first = keys.shape[2] - query.shape[2]  # column of the call's first token
+        # the call's causal rows predict tokens j = column - P + 1; keep those in [0, R)
+        lo, hi = max(0, first - prompt_len + 1), min(r, first + num_causal - prompt_len + 1)
+        if lo < hi:
+            yield c, slice(lo + prompt_len - 1 - first, hi + prompt_len - 1 - first), lo, hi
 
 
 def source_log_weights(calls: list, sources: torch.Tensor, prompt_len: int) -> torch.Tensor:
@@ -200,13 +222,8 @@ def source_log_weights(calls: list, sources: torch.Tensor, prompt_len: int) -> t
     append to the cache, the first `num_causal`, at the columns after the cache's."""
     r = sources.shape[1]
     out = []
-    for query, keys, mask, num_causal in calls:
-        first = keys.shape[2] - query.shape[2]  # column of the call's first token
-        # the call's causal rows predict tokens j = column - P + 1; keep those in [0, R)
-        lo, hi = max(0, first - prompt_len + 1), min(r, first + num_causal - prompt_len + 1)
-        if lo >= hi:
-            continue
-        rows = slice(lo + prompt_len - 1 - first, hi + prompt_len - 1 - first)
+    for c, rows, lo, hi in causal_rows(calls, prompt_len, r):
+        query, keys, mask, _ = calls[c]
         scores = attention_scores(query[:, :, rows], keys, mask[:, :, rows], query.shape[-1] ** -0.5)
         index = sources[:, lo:hi].clamp(min=0)[:, None, :, None].expand(-1, scores.shape[1], -1, 1)
         out.append(scores.log_softmax(dim=-1).gather(-1, index).squeeze(-1))  # [N, H, hi - lo]
@@ -233,3 +250,27 @@ def copy_attention_loss(recorded: list[list], sources: torch.Tensor, prompt_len:
     weights = {layer: source_log_weights(recorded[layer], sources, prompt_len) for layer, _ in pairs}
     chosen = torch.stack([weights[layer][:, head] for layer, head in pairs], dim=1)  # [N, heads, R]
     return -chosen.max(dim=1).values[sourced].mean()
+
+
+def copy_value_loss(recorded: list[list], outputs: list[list], o_projs: Sequence[torch.nn.Linear],
+                    sources: torch.Tensor, targets: torch.Tensor, prompt_len: int,
+                    heads: Sequence[tuple[int, int]], embeddings: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each sourced response token (`targets` [N, R] where `sources` >= 0) read
+    from what `heads` write together into the residual stream at the causal query that predicts it
+    (their gated outputs through their columns of `o_proj`): scored against every token's embedding
+    [V, D] (detached) by cosine similarity times `SCALE`, as the owner loss reads (line_owner.py).
+    A head that looks at the right place and writes nothing of it leaves the copy to the rest of
+    the model; this loss asks the head to write it. 0 when no token has a source."""
+    sourced = sources >= 0
+    if not sourced.any():
+        return recorded[0][0][0].new_zeros((), dtype=torch.float)
+    r, written = sources.shape[1], 0
+    for layer, head in heads:
+        dim = recorded[layer][0][0].shape[-1]
+        columns = slice(head * dim, (head + 1) * dim)
+        calls = causal_rows(recorded[layer], prompt_len, r)
+        gated = torch.cat([outputs[layer][c][:, rows, columns] for c, rows, _, _ in calls], dim=1)  # [N, R, dim]
+        written = written + gated @ o_projs[layer].weight[:, columns].T  # [N, R, D]
+    words = F.normalize(embeddings.detach().float(), dim=-1)
+    logits = SCALE * F.normalize(written[sourced].float(), dim=-1) @ words.T
+    return F.cross_entropy(logits, targets[sourced])

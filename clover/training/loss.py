@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache_handle import with_handles
-from .copy_attention import KeyTokens, RecordedAttention, copy_attention_loss, copy_sources, key_sources
+from .copy_attention import (KeyTokens, RecordedAttention, copy_attention_loss, copy_sources, copy_value_loss,
+                             key_sources)
 from .data import Batch
 from .line_owner import RecordedResiduals, TargetTokens, batch_owners, line_owner_loss
 from .noising import BlockNoise
@@ -41,6 +42,7 @@ class LossResult:
     num_masked: int  # of those, masked in the noisy stream
     l_copy: torch.Tensor | None = None  # scalar, the copy supervision's loss (copy_attention.py), when on
     l_owner: torch.Tensor | None = None  # scalar, the line-owner supervision's loss (line_owner.py), when on
+    l_value: torch.Tensor | None = None  # scalar, the copy heads' written-token loss (copy_attention.py), when on
 
 
 def stream_logits(model, batch: Batch, noisy_response: torch.Tensor, block_size: int,
@@ -120,7 +122,8 @@ class JointLoss(nn.Module):
     With α = 0 only the clean stream is computed, in one causal forward. With `copy_attention` > 0
     the copy supervision's loss (copy_attention.py) over `copy_heads` (all when empty), times that
     weight, joins the total; it points at each copied token's source, or with `key_tokens` at each
-    keyed copy's key. With `owner_tokens` and `owner_loss` > 0 the line-owner supervision's loss
+    keyed copy's key; with `copy_value` > 0 the loss that those heads write the sourced token joins it
+    too, times that weight. With `owner_tokens` and `owner_loss` > 0 the line-owner supervision's loss
     (line_owner.py) at decoder layer `owner_layer`, read by `owner_readout`, times that weight, joins it too
     (each fact line's pilot, or with `AskedTokens` each derivation line's asked property, or with
     `RuleFirstTokens` each rule sentence's first condition at its property word)."""
@@ -128,14 +131,16 @@ class JointLoss(nn.Module):
     def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None,
                  copy_attention: float = 0.0, copy_heads: tuple[tuple[int, int], ...] = (),
                  key_tokens: KeyTokens | None = None, owner_loss: float = 0.0, owner_layer: int = 0,
-                 owner_tokens: TargetTokens | None = None, owner_readout: str = "embedding"):
+                 owner_tokens: TargetTokens | None = None, owner_readout: str = "embedding",
+                 copy_value: float = 0.0):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
         self.copy_attention, self.copy_heads, self.key_tokens = copy_attention, copy_heads, key_tokens
         self.owner_loss, self.owner_tokens, self.owner_readout = owner_loss, owner_tokens, owner_readout
         if owner_loss and owner_tokens is None:
             raise ValueError("owner_loss needs the fact lines' token ids (owner_tokens)")
-        self.recording = RecordedAttention(model) if copy_attention else None  # reused every step
+        self.copy_value = copy_value
+        self.recording = RecordedAttention(model, outputs=bool(copy_value)) if copy_attention else None  # reused
         self.residuals = RecordedResiduals(model, owner_layer) if owner_loss else None
 
     def forward(self, batch: Batch, noise: BlockNoise, normalizer: float | None = None) -> LossResult:
@@ -145,6 +150,12 @@ class JointLoss(nn.Module):
             sources = copy_sources(batch) if self.key_tokens is None else key_sources(batch, self.key_tokens)
             l_copy = copy_attention_loss(recorded, sources, batch.prompt_ids.shape[1], self.copy_heads)
             result = replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
+            if self.copy_value:
+                o_projs = [layer.o_proj for layer in self.recording.layers]
+                l_value = copy_value_loss(recorded, self.recording.outputs, o_projs, sources, batch.response_ids,
+                                          batch.prompt_ids.shape[1], self.copy_heads,
+                                          self.model.get_input_embeddings().weight)
+                result = replace(result, total=result.total + self.copy_value * l_value, l_value=l_value)
         if self.owner_loss:
             classes = self.model.get_input_embeddings().weight[list(self.owner_tokens.classes)]
             l_owner = line_owner_loss(torch.cat(residuals, dim=1), batch_owners(batch, self.owner_tokens), classes,

@@ -50,6 +50,7 @@ class TrainConfig:
     copy_attention: float = 0.0  # weight of the copy supervision's loss (copy_attention.py); 0: off
     copy_heads: tuple[tuple[int, int], ...] = ()  # (full-attention layer, head) it trains; empty: any
     copy_targets: str = "tokens"  # a copied token's source, or one of KEY_TARGETS (copy_attention.py)
+    copy_value: float = 0.0  # weight of the loss that copy_heads write the sourced token (copy_attention.py)
     owner_loss: float = 0.0  # weight of the line-owner supervision's loss (line_owner.py); 0: off
     owner_layer: int = 0  # the decoder layer whose output it reads
     owner_readout: str = "embedding"  # how it reads the pilot there: "embedding" or "ridge" (line_owner.py)
@@ -89,6 +90,9 @@ class TrainConfig:
             raise ValueError(f"suffix_mask={self.suffix_mask} must be in [0, 1]")
         if self.copy_attention < 0:
             raise ValueError(f"copy_attention={self.copy_attention} must be >= 0")
+        if self.copy_value < 0 or (self.copy_value and not (self.copy_attention and self.copy_heads)):
+            raise ValueError(f"copy_value={self.copy_value} must be >= 0, and > 0 only with copy_attention and "
+                             f"copy_heads (copy_attention={self.copy_attention}, copy_heads={self.copy_heads})")
         if self.copy_targets not in COPY_TARGETS:
             raise ValueError(f"copy_targets={self.copy_targets!r} must be one of {COPY_TARGETS}")
         if self.owner_loss < 0:
@@ -114,6 +118,7 @@ class StepStats:
     seconds: float
     l_copy: float = 0.0  # the copy supervision's loss (0 when off)
     l_owner: float = 0.0  # the line-owner supervision's loss (0 when off)
+    l_value: float = 0.0  # the copy heads' written-token loss (0 when off)
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,7 @@ class Trainer:
         keys = key_tokens if keyed else None
         loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset, config.copy_attention,
                          config.copy_heads, keys, config.owner_loss, config.owner_layer, owner_tokens,
-                         config.owner_readout)
+                         config.owner_readout, config.copy_value)
         self.engine = distribute(loss, model, config.strategy, dist)
         self.optimizer = build_optimizer(model, config.lr, config.weight_decay, config.betas)
         self.scheduler = build_scheduler(self.optimizer, config.warmup_steps, config.steps,
@@ -204,14 +209,15 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        l_copy, l_owner = (0.0 if aux is None else aux.item() for aux in (result.l_copy, result.l_owner))
-        loss, l_ar, l_diff, l_copy, l_owner, tokens = all_reduce_sum(
-            [result.total.item(), result.l_ar.item(), result.l_diff.item(), l_copy, l_owner, batch.num_tokens],
-            self.dist)
+        l_copy, l_owner, l_value = (0.0 if aux is None else aux.item()
+                                    for aux in (result.l_copy, result.l_owner, result.l_value))
+        loss, l_ar, l_diff, l_copy, l_owner, l_value, tokens = all_reduce_sum(
+            [result.total.item(), result.l_ar.item(), result.l_diff.item(), l_copy, l_owner, l_value,
+             batch.num_tokens], self.dist)
         self.tokens_seen += int(tokens)
         return StepStats(self.step, loss / world, l_ar / world, l_diff / world, lr, grad_norm,
                          int(tokens), int(global_targets), time.perf_counter() - start, l_copy / world,
-                         l_owner / world)
+                         l_owner / world, l_value / world)
 
     # -- the loop -------------------------------------------------------------------------------
 

@@ -279,3 +279,43 @@ def test_a_trainer_with_key_targets_is_refused_without_the_key_tokens():
         Trainer(digits_model(seed=1), sentences, digits_dataset(4), progress=False)
     trainer = Trainer(digits_model(seed=1), config, digits_dataset(4), progress=False, key_tokens=KEYS)
     assert trainer.train_step().l_copy == 0.0  # digits hold no keyed copy: nothing to point at
+
+
+def test_the_copy_value_loss_reads_what_the_heads_write_in_the_fused_and_the_causal_forward():
+    from clover.training.copy_attention import copy_value_loss
+
+    model = tiny_model()
+    batch = _batch([Pair((10, 20, 30, 40, 50, 20, 30, 41), (10, 20, 30, 40, 60, 20, 30, 41, EOS))])
+    sources, heads = copy_sources(batch), ((0, 0), (0, 2))  # as the objective finds them
+    assert (sources >= 0).sum() >= 2
+    noise = sample_block_noise(batch.target_mask, 4, 0.1, noise_generator(0, 0))
+    fused = JointLoss(model, 4, alpha=1.0, copy_attention=1.0, copy_heads=heads, copy_value=1.0)(batch, noise)
+    recording = RecordedAttention(model, outputs=True)
+    with torch.no_grad(), recording as recorded:
+        causal_logits(model, batch)
+    o_projs = [layer.o_proj for layer in recording.layers]
+    p = batch.prompt_ids.shape[1]
+    causal = copy_value_loss(recorded, recording.outputs, o_projs, sources, batch.response_ids, p, heads,
+                             model.get_input_embeddings().weight)
+    assert torch.allclose(fused.l_value, causal, atol=1e-5)
+    # the twin: each head's write is o_proj of its input with every other head's columns zeroed
+    written = 0
+    for layer, head in heads:
+        x = recording.outputs[layer][0][:, p - 1:-1]  # the causal rows that predict the response
+        dim = x.shape[-1] // model.config.num_attention_heads
+        kept = torch.zeros_like(x)
+        kept[..., head * dim:(head + 1) * dim] = x[..., head * dim:(head + 1) * dim]
+        written = written + o_projs[layer](kept)
+    sourced = sources >= 0
+    words = torch.nn.functional.normalize(model.get_input_embeddings().weight, dim=-1)
+    logits = 10.0 * torch.nn.functional.normalize(written[sourced], dim=-1) @ words.T
+    assert torch.allclose(causal, torch.nn.functional.cross_entropy(logits, batch.response_ids[sourced]), atol=1e-5)
+    fused.total.backward()
+    assert recording.layers[0].v_proj.weight.grad.abs().sum() > 0
+
+
+def test_copy_value_needs_named_copy_heads():
+    with pytest.raises(ValueError, match=r"copy_value=0.5 must be >= 0, and > 0 only with copy_attention and copy_heads"):
+        TrainConfig(steps=1, batch_size=1, block_size=4, copy_attention=0.1, copy_value=0.5)
+    with pytest.raises(ValueError, match=r"copy_value=-1.0 must be >= 0"):
+        TrainConfig(steps=1, batch_size=1, block_size=4, copy_value=-1.0)
