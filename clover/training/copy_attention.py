@@ -44,6 +44,13 @@ With `train.copy_targets: "first_keys"` only the first condition of each such co
 first property word after the opener): the one token whose rule the words already written do not
 name. Sentence keys' loss, a mean over every token of a copy, falls to 0.02 while the first
 condition's lookup stays a near guess (BENCHMARKS.md, "The rule copies' query").
+
+Over several heads the loss takes the best head per token, so heads that each look at one rule's
+place meet it without telling the rules apart; for a lookup, name one head (BENCHMARKS.md, "One
+token, one head"). A head that looks at the right word may still write nothing of it: with
+`train.copy_value` > 0 what the named heads write into the residual stream at the query (their gated
+outputs through their columns of `o_proj`) is read against every token's embedding and asked for
+the sourced token (`copy_value_loss`).
 """
 
 from collections.abc import Sequence
@@ -172,7 +179,9 @@ def sentence_key_row(response: list[int], ends: dict[int, int], tokens: KeyToken
             continue
         if tokens.conditions is None:
             row[j + 1:stop + 1] = [ends[response[stop - 1]]] * (stop - j)
-        elif (first := next((k for k in range(j + 1, stop - 1) if response[k] in tokens.conditions), None)):
+            continue
+        first = next((k for k in range(j + 1, stop - 1) if response[k] in tokens.conditions), None)
+        if first is not None:
             row[first] = ends[response[stop - 1]]
     return row
 
@@ -261,6 +270,8 @@ def copy_value_loss(recorded: list[list], outputs: list[list], o_projs: Sequence
     [V, D] (detached) by cosine similarity times `SCALE`, as the owner loss reads (line_owner.py).
     A head that looks at the right place and writes nothing of it leaves the copy to the rest of
     the model; this loss asks the head to write it. 0 when no token has a source."""
+    if not heads:
+        raise ValueError("the copy value loss needs the copy heads named (train.copy_heads)")
     sourced = sources >= 0
     if not sourced.any():
         return recorded[0][0][0].new_zeros((), dtype=torch.float)

@@ -189,8 +189,8 @@ def line_owners(ids: list[int], tokens: OwnerTokens) -> list[int]:
 
 
 def batch_owners(batch: Batch, tokens: TargetTokens) -> torch.Tensor:
-    """[N, P + R] long: `tokens.owners` (`line_owners`, `asked_owners` or `rule_first_owners`) over each row's real prompt
-    tokens and targeted response; -1 on padding and untargeted tokens."""
+    """[N, P + R] long: `tokens.owners` (`line_owners`, `asked_owners` or `rule_first_owners`) over
+    each row's real prompt tokens and targeted response; -1 on padding and untargeted tokens."""
     rows = []
     for prompt, real, response, targeted in zip(batch.prompt_ids.tolist(), batch.prompt_mask.tolist(),
                                                 batch.response_ids.tolist(), batch.target_mask.tolist()):

@@ -131,25 +131,6 @@ def grown_part_scales(model, grow: ModelRecipe) -> dict[str, torch.Tensor] | Non
     return scales or None
 
 
-def named_part_scales(model, lr_scales: tuple[tuple[str, float], ...]) -> dict[str, torch.Tensor]:
-    """Per-element update multipliers of the parameters `train.lr_scales` names, each its own
-    learning rate multiplier; a name that is not a parameter of `model` is refused by name."""
-    params = dict(model.named_parameters())
-    if missing := [name for name, _ in lr_scales if name not in params]:
-        raise ValueError(f"train.lr_scales names {missing}, which the model does not have "
-                         f"(its parameters are named like {next(iter(params))!r})")
-    return {name: torch.full_like(params[name], scale) for name, scale in lr_scales}
-
-
-def part_scales(model, recipe: Recipe) -> dict[str, torch.Tensor] | None:
-    """The grown parts' and the named parts' update multipliers together (multiplied where both
-    apply), or None when every part trains at the run's rate."""
-    scales = grown_part_scales(model, recipe.model) or {}
-    for name, scale in named_part_scales(model, recipe.train.lr_scales).items():
-        scales[name] = scales[name] * scale if name in scales else scale
-    return scales or None
-
-
 def build_model(recipe: Recipe, tokenizer):
     """(model, token roles): the `init` checkpoint (its mask id wins) or a fresh model."""
     if recipe.model.init:
@@ -263,7 +244,7 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
     owners = owner_tokens(tokenizer) if recipe.train.owner_loss else None
     if fit_minutes is not None:
         recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys, owners)
-    scales = part_scales(model, recipe)
+    scales = grown_part_scales(model, recipe.model)
     trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress, scales, keys, owners)
     if resume and not trainer.resume():
         trainer.log("resume requested but no checkpoint found: starting from step 0")

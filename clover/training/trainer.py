@@ -56,7 +56,6 @@ class TrainConfig:
     owner_readout: str = "embedding"  # how it reads the pilot there: "embedding" or "ridge" (line_owner.py)
     owner_target: str = "pilot"  # what it asks for: each fact line's pilot, or one of OWNER_TARGETS (line_owner.py)
     lr: float = 1e-3
-    lr_scales: tuple[tuple[str, float], ...] = ()  # (parameter name, multiplier of its learning rate)
     min_lr_ratio: float = 0.1
     warmup_steps: int = 0
     weight_decay: float = 0.01
@@ -99,8 +98,6 @@ class TrainConfig:
             raise ValueError(f"owner_loss={self.owner_loss} must be >= 0")
         if self.owner_readout not in OWNER_READOUTS:
             raise ValueError(f"owner_readout={self.owner_readout!r} must be one of {OWNER_READOUTS}")
-        if bad := [(name, scale) for name, scale in self.lr_scales if not scale > 0]:
-            raise ValueError(f"lr_scales {bad}: each multiplier must be > 0")
         if self.owner_target not in OWNER_TARGETS:
             raise ValueError(f"owner_target={self.owner_target!r} must be one of {OWNER_TARGETS}")
 

@@ -228,24 +228,6 @@ def test_a_run_scales_each_grown_part_at_its_own_rate():
     assert grown_part_scales(wide, ModelRecipe(init="x", grow_heads=4, grow_experts=8)) is None
 
 
-def test_named_parts_train_at_their_own_rate_times_a_grown_part_s():
-    import dataclasses
-
-    from clover.training.recipe import ModelRecipe, Recipe
-    from clover.training.run import part_scales
-    from clover.training.trainer import TrainConfig
-
-    wide, q = grow_heads(tiny_model(seed=3), 4), "model.layers.3.self_attn.q_proj.weight"
-    train = TrainConfig(steps=1, batch_size=1, block_size=4, lr_scales=((q, 3.0), ("model.norm.weight", 2.0)))
-    recipe = Recipe(model=ModelRecipe(init="x", grow_heads=4, grow_heads_lr=5.0), train=train)
-    scales = part_scales(wide, recipe)
-    assert scales[q].unique().tolist() == [3.0, 15.0] and (scales["model.norm.weight"] == 2).all()
-    assert part_scales(wide, dataclasses.replace(recipe, model=ModelRecipe(init="x"),
-                                                 train=dataclasses.replace(train, lr_scales=()))) is None
-    with pytest.raises(ValueError, match=r"train.lr_scales names \['model.layers.9.q'\], which the model does not have"):
-        part_scales(wide, dataclasses.replace(recipe, train=dataclasses.replace(train, lr_scales=(("model.layers.9.q", 2.0),))))
-
-
 def test_widened_conv_keeps_the_old_taps_next_to_the_token_and_zeros_the_new(conv):
     """The causal taps end at the current token, so the old ones are the last four; block mode's
     right taps start at the next token, so the old ones are the first four."""

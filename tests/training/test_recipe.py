@@ -44,8 +44,6 @@ def test_minimal_recipe_and_defaults():
     ({"model": {"init": "x", "grow_shared_expert": -2}}, r"grow_shared_expert=-2 must be >= 0"),
     ({"model": {"init": "x", "grow_experts": 8, "grow_experts_lr": -1}}, r"grow_experts_lr=-1.0 must be > 0"),
     ({"model": {"init": "x", "grow_experts_lr": 10}}, r"grow_experts_lr=10.0 needs grow_experts or grow_shared_expert"),
-    ({"train": {"steps": 2, "batch_size": 2, "block_size": 4, "lr_scales": [["a.weight", 0]]}},
-     r"lr_scales \[\('a.weight', 0.0\)\]: each multiplier must be > 0"),
     ({"data": {"mine_pool": -1}}, r"mine_pool=-1 must be >= 0"),
     ({"data": {"mine_pool": 10, "mine_seed": 1, "mine_share": 0}}, r"mine_share=0.0 must be in \(0, 1\]"),
     ({"data": {"mine_pool": 10}}, r"mine_seed=None must be set and differ from recipe.data.seed=0"),
