@@ -167,15 +167,22 @@ def keyed_row(response: list[int], ends: dict[int, int], tokens: KeyTokens) -> l
     return row
 
 
+def rule_sentences(ids: list[int], opener: int, stops: frozenset[int]):
+    """(opener index, full stop index) of each sentence of `ids` that opens with `opener` and ends
+    with one of `stops` (the next one after it)."""
+    for j, t in enumerate(ids):
+        if t == opener:
+            stop = next((k for k in range(j + 1, len(ids)) if ids[k] in stops), None)
+            if stop is not None:
+                yield j, stop
+
+
 def sentence_key_row(response: list[int], ends: dict[int, int], tokens: KeyTokens) -> list[int]:
     """`key_sources`' row for sentence copies (`Anyone ... key .`), or with `tokens.conditions` for
     their first conditions only; `ends`: key -> its prompt column."""
     row = [-1] * len(response)
-    for j, t in enumerate(response):
-        if t != tokens.opener:
-            continue
-        stop = next((k for k in range(j + 1, len(response)) if response[k] in tokens.stops), None)
-        if stop is None or response[stop - 1] not in ends:
+    for j, stop in rule_sentences(response, tokens.opener, tokens.stops):
+        if response[stop - 1] not in ends:
             continue
         if tokens.conditions is None:
             row[j + 1:stop + 1] = [ends[response[stop - 1]]] * (stop - j)

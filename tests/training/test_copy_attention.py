@@ -197,17 +197,27 @@ def test_first_keys_source_only_each_rule_copy_s_first_condition():
     assert sources == [-1, -1, 10] + [-1] * 12
 
 
-def test_joint_s_rule_copies_point_at_the_asked_rule_s_property_word():
+def joint_key_sources(target: str):
+    """(tokenizer, [(example, prompt ids, reasoning ids, key_sources' row over the reasoning)]) for 16
+    of joint's eval examples, with the embedded tokenizer's key tokens for `target`."""
     from clover import default_model_dir
     from clover.data import eval_examples, get_task
     from clover.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(default_model_dir())
-    keys, found = joint_key_tokens(tokenizer, "sentence_keys"), 0
+    keys, rows = joint_key_tokens(tokenizer, target), []
     for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
         prompt = tokenizer(example.prompt, add_special_tokens=False).input_ids
         response = tokenizer(example.reasoning, add_special_tokens=False).input_ids
         sources = key_sources(_batch([Pair(tuple(prompt), (*response, EOS))]), keys)[0, :len(response)].tolist()
+        rows.append((example, prompt, response, sources))
+    return tokenizer, rows
+
+
+def test_joint_s_rule_copies_point_at_the_asked_rule_s_property_word():
+    tokenizer, rows = joint_key_sources("sentence_keys")
+    found = 0
+    for example, prompt, response, sources in rows:
         runs = []  # (pointed text, the prompt word pointed at) of each run of tokens with one source
         for j, column in enumerate(sources):
             if column >= 0 and (j == 0 or sources[j - 1] != column):
@@ -222,16 +232,9 @@ def test_joint_s_rule_copies_point_at_the_asked_rule_s_property_word():
 
 
 def test_joint_s_first_keys_point_from_each_rule_copy_s_first_condition_at_its_rule():
-    from clover import default_model_dir
-    from clover.data import eval_examples, get_task
-    from clover.data.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(default_model_dir())
-    keys, found = joint_key_tokens(tokenizer, "first_keys"), 0
-    for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
-        prompt = tokenizer(example.prompt, add_special_tokens=False).input_ids
-        response = tokenizer(example.reasoning, add_special_tokens=False).input_ids
-        sources = key_sources(_batch([Pair(tuple(prompt), (*response, EOS))]), keys)[0, :len(response)].tolist()
+    tokenizer, rows = joint_key_sources("first_keys")
+    found = 0
+    for example, prompt, response, sources in rows:
         pointed = [(tokenizer.decode([response[j]]), tokenizer.decode([prompt[c]]))
                    for j, c in enumerate(sources) if c >= 0]
         lines = [line for line in example.reasoning.split("\n") if " Anyone " in line]
