@@ -21,7 +21,7 @@ import torch
 
 from .copy_attention import KeyTokens
 from .data import PairDataset
-from .line_owner import AskedTokens, OwnerTokens
+from .line_owner import TargetTokens
 from .distributed import DistInfo, all_reduce_sum
 from .trainer import TrainConfig, Trainer
 
@@ -29,7 +29,7 @@ from .trainer import TrainConfig, Trainer
 def measure_step_seconds(model: torch.nn.Module, config: TrainConfig, dataset: PairDataset,
                          dist: DistInfo = DistInfo(), steps: int = 8, warmup: int = 2,
                          key_tokens: KeyTokens | None = None,
-                         owner_tokens: OwnerTokens | AskedTokens | None = None) -> float:
+                         owner_tokens: TargetTokens | None = None) -> float:
     """Mean seconds of one training step (forward, backward, optimizer) over `steps` timed steps
     after `warmup` untimed ones, on a deep copy of `model` (mean over ranks); `key_tokens` and
     `owner_tokens` as the trainer takes them."""

@@ -48,7 +48,6 @@ from .data import Batch
 SCALE = 10.0  # cosine similarity -> logit: a 0.3 lead over the next name is a 3-nat margin
 RIDGE = 1.0  # the ridge penalty per fitted token, on standardized residuals (0.3 overfits 150 tokens)
 OWNER_READOUTS = ("embedding", "ridge")
-OWNER_TARGETS = ("pilot", "asked", "rule_first")
 
 
 @dataclass(frozen=True)
@@ -139,6 +138,11 @@ def joint_rule_first_tokens(tokenizer) -> RuleFirstTokens:
     required = single_tokens(tokenizer, (*BASE, *DERIVED, "Anyone"), "rule-first supervision")
     return RuleFirstTokens(tuple(required[word] for word in (*BASE, *DERIVED)), required["Anyone"],
                            full_stops(tokenizer))
+
+
+JOINT_TARGET_TOKENS = {"pilot": joint_owner_tokens, "asked": joint_asked_tokens,
+                       "rule_first": joint_rule_first_tokens}  # owner target -> joint's tokens for it
+OWNER_TARGETS = tuple(JOINT_TARGET_TOKENS)
 
 
 def rule_first_owners(ids: list[int], tokens: RuleFirstTokens) -> list[int]:

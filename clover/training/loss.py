@@ -141,6 +141,7 @@ class JointLoss(nn.Module):
             raise ValueError("owner_loss needs the fact lines' token ids (owner_tokens)")
         self.copy_value = copy_value
         self.recording = RecordedAttention(model, outputs=bool(copy_value)) if copy_attention else None  # reused
+        self.o_projs = [layer.o_proj for layer in self.recording.layers] if self.recording else []
         self.residuals = RecordedResiduals(model, owner_layer) if owner_loss else None
 
     def forward(self, batch: Batch, noise: BlockNoise, normalizer: float | None = None) -> LossResult:
@@ -151,8 +152,7 @@ class JointLoss(nn.Module):
             l_copy = copy_attention_loss(recorded, sources, batch.prompt_ids.shape[1], self.copy_heads)
             result = replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
             if self.copy_value:
-                o_projs = [layer.o_proj for layer in self.recording.layers]
-                l_value = copy_value_loss(recorded, self.recording.outputs, o_projs, sources, batch.response_ids,
+                l_value = copy_value_loss(recorded, self.recording.outputs, self.o_projs, sources, batch.response_ids,
                                           batch.prompt_ids.shape[1], self.copy_heads,
                                           self.model.get_input_embeddings().weight)
                 result = replace(result, total=result.total + self.copy_value * l_value, l_value=l_value)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .copy_attention import KEY_TARGETS, KeyTokens, joint_key_tokens
-from .line_owner import TargetTokens, joint_asked_tokens, joint_owner_tokens, joint_rule_first_tokens
+from .line_owner import JOINT_TARGET_TOKENS, TargetTokens
 from .data import BatchSpec, PairDataset
 from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
 from .evaluation import combine, loss_evaluator, task_evaluator
@@ -239,9 +239,7 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
                                   lambda message: log_line(run_dir, dist, message, echo=True))
     keyed = recipe.train.copy_attention and recipe.train.copy_targets in KEY_TARGETS
     keys = joint_key_tokens(tokenizer, recipe.train.copy_targets) if keyed else None
-    owner_tokens = {"pilot": joint_owner_tokens, "asked": joint_asked_tokens,
-                    "rule_first": joint_rule_first_tokens}[recipe.train.owner_target]
-    owners = owner_tokens(tokenizer) if recipe.train.owner_loss else None
+    owners = JOINT_TARGET_TOKENS[recipe.train.owner_target](tokenizer) if recipe.train.owner_loss else None
     if fit_minutes is not None:
         recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys, owners)
     scales = grown_part_scales(model, recipe.model)

@@ -141,7 +141,8 @@ class Trainer:
         """`update_scales`: parameter name -> per-element multiplier of its updates (optim.py);
         `key_tokens`: the keyed copies' token ids, which copy supervision needs with `copy_targets` one
         of KEY_TARGETS;
-        `owner_tokens`: the fact lines' (or the asked properties') token ids, which line-owner supervision needs."""
+        `owner_tokens`: the token ids of what line-owner supervision asks for (line_owner.TargetTokens),
+        which it needs."""
         self.model, self.config, self.dataset, self.dist = model, config, dataset, dist
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.eval_fn, self.progress = eval_fn, progress
