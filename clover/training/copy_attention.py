@@ -51,6 +51,15 @@ token, one head"). A head that looks at the right word may still write nothing o
 `train.copy_value` > 0 what the named heads write into the residual stream at the query (their gated
 outputs through their columns of `o_proj`) is read against every token's embedding and asked for
 the sourced token (`copy_value_loss`).
+
+Joint's fact-line copies are lookups too: in `2. Is Mia cleared? Mia is licensed and trained.` the
+words after the name come from Mia's prompt line, and a copy that follows the words it has just
+written slips into another pilot's line (`Mia is licensed` + `.`, from `Fay is licensed.`:
+`benchmarks/fact_copies.py`). `fact_line_sources` keeps `copy_sources`' sources of the tokens of
+each such copy after the name and its space (the sentence after a question mark that a pilot's name opens): the
+left context they match includes the name, so each points into the pilot's own line. With
+`train.fact_copy` > 0 a second, separately named head (`train.fact_copy_heads`) is trained on them,
+beside the rule head, with its own value loss (`train.fact_copy_value`).
 """
 
 from collections.abc import Sequence
@@ -138,6 +147,54 @@ def joint_key_tokens(tokenizer, target: str = "keys") -> KeyTokens:
     return KeyTokens(frozenset(required[word] for word in DERIVED), required[":"], full_stops(tokenizer),
                      required["Anyone"] if sentences else None,
                      frozenset(required[word] for word in (*BASE, *DERIVED)) if first else None)
+
+
+@dataclass(frozen=True)
+class FactTokens:
+    """Token ids that mark joint's fact-line copies: the question mark before one, the spaces that
+    may follow it, the pilots' names that open it, and the full stops that end it."""
+
+    question: int
+    spaces: frozenset[int]
+    names: frozenset[int]
+    stops: frozenset[int]
+
+
+def joint_fact_tokens(tokenizer) -> FactTokens:
+    """Joint's `FactTokens` as `tokenizer` writes them; the question mark and every pilot name must
+    be one token each."""
+    from clover.data.tasks.vocab import FIRST_NAMES
+
+    required = single_tokens(tokenizer, ("?", *FIRST_NAMES), "fact_copy")
+    spaces = [tokenizer(text, add_special_tokens=False).input_ids for text in (" ", "\n")]
+    return FactTokens(required["?"], frozenset(i[0] for i in spaces if len(i) == 1),
+                      frozenset(required[name] for name in FIRST_NAMES), full_stops(tokenizer))
+
+
+def fact_copy_spans(response: list[int], tokens: FactTokens):
+    """(first, stop): the response indices of each fact-line copy's tokens after its name and the space
+    after it, through its full stop: a sentence after a question mark (and a space) that a pilot's
+    name opens. (The space after the name is the question's too: `Is Jon insured?`.)"""
+    for j, t in enumerate(response):
+        if t != tokens.question:
+            continue
+        name = j + 1 + (j + 1 < len(response) and response[j + 1] in tokens.spaces)
+        if name < len(response) and response[name] in tokens.names:
+            first = name + 1 + (name + 1 < len(response) and response[name + 1] in tokens.spaces)
+            stop = next((k for k in range(first, len(response)) if response[k] in tokens.stops), None)
+            if stop is not None:
+                yield first, stop
+
+
+def fact_line_sources(batch: Batch, tokens: FactTokens) -> torch.Tensor:
+    """[N, R] long: `copy_sources` kept on the tokens of fact-line copies after the name
+    (`fact_copy_spans`), -1 elsewhere."""
+    sources = copy_sources(batch)
+    kept = torch.zeros_like(sources, dtype=torch.bool)
+    for n, response in enumerate(batch.response_ids.tolist()):
+        for first, stop in fact_copy_spans(response, tokens):
+            kept[n, first:stop + 1] = True
+    return torch.where(kept, sources, torch.full_like(sources, -1))
 
 
 def key_sources(batch: Batch, tokens: KeyTokens) -> torch.Tensor:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .copy_attention import KeyTokens
+from .copy_attention import FactTokens, KeyTokens
 from .data import PairDataset
 from .line_owner import TargetTokens
 from .distributed import DistInfo, all_reduce_sum
@@ -29,13 +29,14 @@ from .trainer import TrainConfig, Trainer
 def measure_step_seconds(model: torch.nn.Module, config: TrainConfig, dataset: PairDataset,
                          dist: DistInfo = DistInfo(), steps: int = 8, warmup: int = 2,
                          key_tokens: KeyTokens | None = None,
-                         owner_tokens: TargetTokens | None = None) -> float:
+                         owner_tokens: TargetTokens | None = None,
+                         fact_tokens: FactTokens | None = None) -> float:
     """Mean seconds of one training step (forward, backward, optimizer) over `steps` timed steps
-    after `warmup` untimed ones, on a deep copy of `model` (mean over ranks); `key_tokens` and
-    `owner_tokens` as the trainer takes them."""
+    after `warmup` untimed ones, on a deep copy of `model` (mean over ranks); `key_tokens`,
+    `owner_tokens` and `fact_tokens` as the trainer takes them."""
     probe = copy.deepcopy(model)
     trainer = Trainer(probe, config, dataset, None, None, dist, progress=False, key_tokens=key_tokens,
-                      owner_tokens=owner_tokens)
+                      owner_tokens=owner_tokens, fact_tokens=fact_tokens)
     span = dataset.batches_per_epoch or config.steps
     positions = [(i * span) // (warmup + steps) for i in range(warmup + steps)]
     seconds = 0.0

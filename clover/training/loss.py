@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache_handle import with_handles
-from .copy_attention import (KeyTokens, RecordedAttention, copy_attention_loss, copy_sources, copy_value_loss,
-                             key_sources)
+from .copy_attention import (FactTokens, KeyTokens, RecordedAttention, copy_attention_loss, copy_sources,
+                             copy_value_loss, fact_line_sources, key_sources)
 from .data import Batch
 from .line_owner import RecordedResiduals, TargetTokens, batch_owners, line_owner_loss
 from .noising import BlockNoise
@@ -43,6 +43,8 @@ class LossResult:
     l_copy: torch.Tensor | None = None  # scalar, the copy supervision's loss (copy_attention.py), when on
     l_owner: torch.Tensor | None = None  # scalar, the line-owner supervision's loss (line_owner.py), when on
     l_value: torch.Tensor | None = None  # scalar, the copy heads' written-token loss (copy_attention.py), when on
+    l_fact: torch.Tensor | None = None  # scalar, the fact-line copy supervision's loss, when on
+    l_fact_value: torch.Tensor | None = None  # scalar, the fact heads' written-token loss, when on
 
 
 def stream_logits(model, batch: Batch, noisy_response: torch.Tensor, block_size: int,
@@ -123,7 +125,9 @@ class JointLoss(nn.Module):
     the copy supervision's loss (copy_attention.py) over `copy_heads` (all when empty), times that
     weight, joins the total; it points at each copied token's source, or with `key_tokens` at each
     keyed copy's key; with `copy_value` > 0 the loss that those heads write the sourced token joins it
-    too, times that weight. With `owner_tokens` and `owner_loss` > 0 the line-owner supervision's loss
+    too, times that weight. With `fact_tokens` and `fact_copy` > 0 a second such term, over
+    `fact_heads` with value weight `fact_value`, points joint's fact-line copies at their pilot's
+    line (`fact_line_sources`). With `owner_tokens` and `owner_loss` > 0 the line-owner supervision's loss
     (line_owner.py) at decoder layer `owner_layer`, read by `owner_readout`, times that weight, joins it too
     (each fact line's pilot, or with `AskedTokens` each derivation line's asked property, or with
     `RuleFirstTokens` each rule sentence's first condition at its property word)."""
@@ -132,15 +136,20 @@ class JointLoss(nn.Module):
                  copy_attention: float = 0.0, copy_heads: tuple[tuple[int, int], ...] = (),
                  key_tokens: KeyTokens | None = None, owner_loss: float = 0.0, owner_layer: int = 0,
                  owner_tokens: TargetTokens | None = None, owner_readout: str = "embedding",
-                 copy_value: float = 0.0):
+                 copy_value: float = 0.0, fact_copy: float = 0.0, fact_heads: tuple[tuple[int, int], ...] = (),
+                 fact_tokens: FactTokens | None = None, fact_value: float = 0.0):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
         self.copy_attention, self.copy_heads, self.key_tokens = copy_attention, copy_heads, key_tokens
         self.owner_loss, self.owner_tokens, self.owner_readout = owner_loss, owner_tokens, owner_readout
         if owner_loss and owner_tokens is None:
             raise ValueError("owner_loss needs the fact lines' token ids (owner_tokens)")
+        if fact_copy and (fact_tokens is None or not fact_heads):
+            raise ValueError("fact_copy needs the fact-line copies' token ids (fact_tokens) and its heads named")
         self.copy_value = copy_value
-        self.recording = RecordedAttention(model, outputs=bool(copy_value)) if copy_attention else None  # reused
+        self.fact_copy, self.fact_heads, self.fact_tokens, self.fact_value = fact_copy, fact_heads, fact_tokens, fact_value
+        recorded = bool(copy_attention or fact_copy)
+        self.recording = RecordedAttention(model, outputs=bool(copy_value or fact_value)) if recorded else None  # reused
         self.o_projs = [layer.o_proj for layer in self.recording.layers] if self.recording else []
         self.residuals = RecordedResiduals(model, owner_layer) if owner_loss else None
 
@@ -149,19 +158,29 @@ class JointLoss(nn.Module):
             result = self._objective(batch, noise, normalizer)
         if self.copy_attention:
             sources = copy_sources(batch) if self.key_tokens is None else key_sources(batch, self.key_tokens)
-            l_copy = copy_attention_loss(recorded, sources, batch.prompt_ids.shape[1], self.copy_heads)
-            result = replace(result, total=result.total + self.copy_attention * l_copy, l_copy=l_copy)
-            if self.copy_value:
-                l_value = copy_value_loss(recorded, self.recording.outputs, self.o_projs, sources, batch.response_ids,
-                                          batch.prompt_ids.shape[1], self.copy_heads,
-                                          self.model.get_input_embeddings().weight)
-                result = replace(result, total=result.total + self.copy_value * l_value, l_value=l_value)
+            l_copy, l_value = self._copy_term(recorded, batch, sources, self.copy_heads, self.copy_value)
+            total = result.total + self.copy_attention * l_copy + (self.copy_value * l_value if self.copy_value else 0)
+            result = replace(result, total=total, l_copy=l_copy, l_value=l_value)
+        if self.fact_copy:
+            sources = fact_line_sources(batch, self.fact_tokens)
+            l_fact, l_fact_value = self._copy_term(recorded, batch, sources, self.fact_heads, self.fact_value)
+            total = result.total + self.fact_copy * l_fact + (self.fact_value * l_fact_value if self.fact_value else 0)
+            result = replace(result, total=total, l_fact=l_fact, l_fact_value=l_fact_value)
         if self.owner_loss:
             classes = self.model.get_input_embeddings().weight[list(self.owner_tokens.classes)]
             l_owner = line_owner_loss(torch.cat(residuals, dim=1), batch_owners(batch, self.owner_tokens), classes,
                                       self.owner_readout)
             result = replace(result, total=result.total + self.owner_loss * l_owner, l_owner=l_owner)
         return result
+
+    def _copy_term(self, recorded, batch: Batch, sources: torch.Tensor, heads, value: float):
+        """(attention loss, value loss or None when `value` is 0) of one copy supervision term."""
+        prompt_len = batch.prompt_ids.shape[1]
+        l_copy = copy_attention_loss(recorded, sources, prompt_len, heads)
+        if not value:
+            return l_copy, None
+        return l_copy, copy_value_loss(recorded, self.recording.outputs, self.o_projs, sources, batch.response_ids,
+                                       prompt_len, heads, self.model.get_input_embeddings().weight)
 
     def _objective(self, batch: Batch, noise: BlockNoise, normalizer: float | None) -> LossResult:
         if self.alpha == 0:

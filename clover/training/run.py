@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .copy_attention import KEY_TARGETS, KeyTokens, joint_key_tokens
+from .copy_attention import KEY_TARGETS, FactTokens, KeyTokens, joint_fact_tokens, joint_key_tokens
 from .line_owner import JOINT_TARGET_TOKENS, TargetTokens
 from .data import BatchSpec, PairDataset
 from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
@@ -184,10 +184,11 @@ def _fits(pair, data) -> bool:
 
 
 def fit_recipe(recipe: Recipe, model, dataset, dist: DistInfo, minutes: float, run_dir: Path,
-               key_tokens: KeyTokens | None = None, owner_tokens: TargetTokens | None = None) -> Recipe:
+               key_tokens: KeyTokens | None = None, owner_tokens: TargetTokens | None = None,
+               fact_tokens: FactTokens | None = None) -> Recipe:
     """`recipe` with the steps that fill `minutes` here; the run dir's recipe.json records them."""
     seconds = measure_step_seconds(model, recipe.train, dataset, dist, key_tokens=key_tokens,
-                                   owner_tokens=owner_tokens)
+                                   owner_tokens=owner_tokens, fact_tokens=fact_tokens)
     train = fit_steps(recipe.train, seconds, minutes)
     fitted = dataclasses.replace(recipe, train=train)
     if dist.is_main:
@@ -240,10 +241,11 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
     keyed = recipe.train.copy_attention and recipe.train.copy_targets in KEY_TARGETS
     keys = joint_key_tokens(tokenizer, recipe.train.copy_targets) if keyed else None
     owners = JOINT_TARGET_TOKENS[recipe.train.owner_target](tokenizer) if recipe.train.owner_loss else None
+    facts = joint_fact_tokens(tokenizer) if recipe.train.fact_copy else None
     if fit_minutes is not None:
-        recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys, owners)
+        recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys, owners, facts)
     scales = grown_part_scales(model, recipe.model)
-    trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress, scales, keys, owners)
+    trainer = Trainer(model, recipe.train, dataset, run_dir, eval_fn, dist, progress, scales, keys, owners, facts)
     if resume and not trainer.resume():
         trainer.log("resume requested but no checkpoint found: starting from step 0")
     summary = trainer.train(max_steps=max_steps, max_minutes=max_minutes)

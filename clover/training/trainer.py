@@ -24,7 +24,7 @@ from tqdm import tqdm
 from . import checkpointing as ckpt
 from .data import PairDataset
 from .activation_checkpointing import checkpoint_layers
-from .copy_attention import COPY_TARGETS, KEY_TARGETS, KeyTokens
+from .copy_attention import COPY_TARGETS, KEY_TARGETS, FactTokens, KeyTokens
 from .line_owner import OWNER_READOUTS, OWNER_TARGETS, TargetTokens
 from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
@@ -51,6 +51,9 @@ class TrainConfig:
     copy_heads: tuple[tuple[int, int], ...] = ()  # (full-attention layer, head) it trains; empty: any
     copy_targets: str = "tokens"  # a copied token's source, or one of KEY_TARGETS (copy_attention.py)
     copy_value: float = 0.0  # weight of the loss that copy_heads write the sourced token (copy_attention.py)
+    fact_copy: float = 0.0  # weight of joint's fact-line copy supervision (copy_attention.py); 0: off
+    fact_copy_heads: tuple[tuple[int, int], ...] = ()  # (full-attention layer, head) it trains; needed
+    fact_copy_value: float = 0.0  # weight of the loss that fact_copy_heads write the sourced token
     owner_loss: float = 0.0  # weight of the line-owner supervision's loss (line_owner.py); 0: off
     owner_layer: int = 0  # the decoder layer whose output it reads
     owner_readout: str = "embedding"  # how it reads the pilot there: "embedding" or "ridge" (line_owner.py)
@@ -92,6 +95,12 @@ class TrainConfig:
         if self.copy_value < 0 or (self.copy_value and not (self.copy_attention and self.copy_heads)):
             raise ValueError(f"copy_value={self.copy_value} must be >= 0, and > 0 only with copy_attention and "
                              f"copy_heads (copy_attention={self.copy_attention}, copy_heads={self.copy_heads})")
+        if self.fact_copy < 0 or (self.fact_copy and not self.fact_copy_heads):
+            raise ValueError(f"fact_copy={self.fact_copy} must be >= 0, and > 0 only with fact_copy_heads "
+                             f"(fact_copy_heads={self.fact_copy_heads})")
+        if self.fact_copy_value < 0 or (self.fact_copy_value and not self.fact_copy):
+            raise ValueError(f"fact_copy_value={self.fact_copy_value} must be >= 0, and > 0 only with fact_copy "
+                             f"(fact_copy={self.fact_copy})")
         if self.copy_targets not in COPY_TARGETS:
             raise ValueError(f"copy_targets={self.copy_targets!r} must be one of {COPY_TARGETS}")
         if self.owner_loss < 0:
@@ -116,6 +125,11 @@ class StepStats:
     l_copy: float = 0.0  # the copy supervision's loss (0 when off)
     l_owner: float = 0.0  # the line-owner supervision's loss (0 when off)
     l_value: float = 0.0  # the copy heads' written-token loss (0 when off)
+    l_fact: float = 0.0  # the fact-line copy supervision's loss (0 when off)
+    l_fact_value: float = 0.0  # the fact heads' written-token loss (0 when off)
+
+
+AUX_LOSSES = ("l_copy", "l_owner", "l_value", "l_fact", "l_fact_value")  # StepStats' optional losses
 
 
 @dataclass(frozen=True)
@@ -137,12 +151,12 @@ class Trainer:
                  run_dir: str | Path | None = None, eval_fn: EvalFn | None = None,
                  dist: DistInfo = DistInfo(), progress: bool = True,
                  update_scales: dict[str, torch.Tensor] | None = None, key_tokens: KeyTokens | None = None,
-                 owner_tokens: TargetTokens | None = None):
+                 owner_tokens: TargetTokens | None = None, fact_tokens: FactTokens | None = None):
         """`update_scales`: parameter name -> per-element multiplier of its updates (optim.py);
         `key_tokens`: the keyed copies' token ids, which copy supervision needs with `copy_targets` one
         of KEY_TARGETS;
         `owner_tokens`: the token ids of what line-owner supervision asks for (line_owner.TargetTokens),
-        which it needs."""
+        which it needs; `fact_tokens`: those of joint's fact-line copies, which `fact_copy` needs."""
         self.model, self.config, self.dataset, self.dist = model, config, dataset, dist
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.eval_fn, self.progress = eval_fn, progress
@@ -163,7 +177,8 @@ class Trainer:
         keys = key_tokens if keyed else None
         loss = JointLoss(model, config.block_size, config.alpha, config.use_coreset, config.copy_attention,
                          config.copy_heads, keys, config.owner_loss, config.owner_layer, owner_tokens,
-                         config.owner_readout, config.copy_value)
+                         config.owner_readout, config.copy_value, config.fact_copy, config.fact_copy_heads,
+                         fact_tokens, config.fact_copy_value)
         self.engine = distribute(loss, model, config.strategy, dist)
         self.optimizer = build_optimizer(model, config.lr, config.weight_decay, config.betas)
         self.scheduler = build_scheduler(self.optimizer, config.warmup_steps, config.steps,
@@ -207,15 +222,13 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        l_copy, l_owner, l_value = (0.0 if aux is None else aux.item()
-                                    for aux in (result.l_copy, result.l_owner, result.l_value))
-        loss, l_ar, l_diff, l_copy, l_owner, l_value, tokens = all_reduce_sum(
-            [result.total.item(), result.l_ar.item(), result.l_diff.item(), l_copy, l_owner, l_value,
-             batch.num_tokens], self.dist)
+        aux = [0.0 if (value := getattr(result, name)) is None else value.item() for name in AUX_LOSSES]
+        loss, l_ar, l_diff, tokens, *aux = all_reduce_sum(
+            [result.total.item(), result.l_ar.item(), result.l_diff.item(), batch.num_tokens, *aux], self.dist)
         self.tokens_seen += int(tokens)
         return StepStats(self.step, loss / world, l_ar / world, l_diff / world, lr, grad_norm,
-                         int(tokens), int(global_targets), time.perf_counter() - start, l_copy / world,
-                         l_owner / world, l_value / world)
+                         int(tokens), int(global_targets), time.perf_counter() - start,
+                         **{name: value / world for name, value in zip(AUX_LOSSES, aux)})
 
     # -- the loop -------------------------------------------------------------------------------
 

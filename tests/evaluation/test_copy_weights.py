@@ -7,6 +7,7 @@ import torch
 from benchmark_script import load_benchmark
 
 from clover import default_model_dir
+from clover.training.copy_attention import copy_sources
 from clover.training.data import collate
 from clover.training.recipe import load_recipe
 from clover.training.sources import build_tasks, task_train_examples, tokenizer_roles
@@ -22,7 +23,7 @@ def test_the_best_head_s_weight_bounds_every_head_s():
     _, _, pairs = task_train_examples(tokenizer, joint, 3, 901, True, 1.0)
     roles = tokenizer_roles(tokenizer, mask_id=model.config.mask_token_id)
     batch = collate(pairs, model.config.block_size, roles.eos_id, roles.pad_id, roles.eos_ids)
-    best, layers = probe.source_weights(model.eval(), batch)
+    best, layers = probe.source_weights(model.eval(), batch, copy_sources(batch))
     assert best.numel() > 20 and all(layer.shape == (best.numel(), model.config.num_attention_heads)
                                      for layer in layers)
     every = torch.cat(layers, dim=1)
@@ -35,3 +36,15 @@ def test_a_run_prints_one_row_per_task(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {default_model_dir()}")]
     assert [row.split("|")[2].strip() for row in rows] == ["copy", "airspace", "joint", "record"]
     assert all(int(row.split("|")[3]) > 0 for row in rows)
+
+
+def test_facts_prints_joint_s_fact_line_copies_alone(capsys):
+    facts = probe_rows(["--examples", "2", "--facts"], capsys)
+    assert list(facts) == ["joint"]
+    assert 0 < int(facts["joint"]) < int(probe_rows(["--examples", "2"], capsys)["joint"])  # a part of them
+
+
+def probe_rows(args, capsys) -> dict[str, str]:
+    probe.main([str(default_model_dir()), "--recipe", str(RECIPE), *args])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {default_model_dir()}")]
+    return {row.split("|")[2].strip(): row.split("|")[3].strip() for row in rows}

@@ -4,7 +4,8 @@ and the attention weight on it, read off the training forwards."""
 import pytest
 import torch
 
-from clover.training.copy_attention import (KeyTokens, RecordedAttention, copy_attention_loss, copy_sources,
+from clover.training.copy_attention import (FactTokens, KeyTokens, RecordedAttention, copy_attention_loss, copy_sources,
+                                           fact_copy_spans, fact_line_sources, joint_fact_tokens,
                                            joint_key_tokens, key_sources, source_log_weights)
 from clover.training.data import Pair, collate
 from clover.training.loss import JointLoss, causal_logits, stream_logits
@@ -323,3 +324,77 @@ def test_copy_value_needs_named_copy_heads():
         TrainConfig(steps=1, batch_size=1, block_size=4, copy_attention=0.1, copy_value=0.5)
     with pytest.raises(ValueError, match=r"copy_value=-1.0 must be >= 0"):
         TrainConfig(steps=1, batch_size=1, block_size=4, copy_value=-1.0)
+
+
+FACTS = FactTokens(question=30, spaces=frozenset({31}), names=frozenset({60, 61}), stops=frozenset({21}))
+
+
+def test_a_fact_line_copy_points_into_its_pilot_s_line_after_the_name():
+    # prompt: Ana is a b . Bo is a c .   (Ana 60, Bo 61, is 62, a 70, b 71, c 72, . 21)
+    # response: Ana is a b ? Bo is a c . : the first copy is no fact-line copy (no question mark before it)
+    prompt = (60, 62, 70, 71, 21, 61, 62, 70, 72, 21)
+    batch = _batch([Pair(prompt, (60, 62, 70, 71, 30, 61, 62, 70, 72, 21, EOS))])
+    assert list(fact_copy_spans(batch.response_ids[0].tolist(), FACTS)) == [(6, 9)]
+    everywhere, facts = copy_sources(batch)[0].tolist(), fact_line_sources(batch, FACTS)[0].tolist()
+    assert everywhere[2:4] == [2, 3]  # the first copy has sources, but is not a fact line's
+    # `is` after `? Bo` matches one token of context (under min_context); `a c .` walk Bo's line,
+    # not Ana's `a b`
+    assert facts[:11] == [-1, -1, -1, -1, -1, -1, -1, 7, 8, 9, -1]
+
+
+def test_a_space_may_follow_the_question_mark_and_a_non_name_opens_no_fact_copy():
+    assert list(fact_copy_spans([30, 31, 60, 31, 62, 70, 21], FACTS)) == [(4, 6)]  # spaces skipped
+    assert list(fact_copy_spans([30, 31, 62, 70, 21], FACTS)) == []  # no pilot's name
+    assert list(fact_copy_spans([30, 60, 62, 70], FACTS)) == []  # no full stop yet
+
+
+def test_joint_s_fact_copies_point_into_the_asked_pilot_s_prompt_line():
+    from clover import default_model_dir
+    from clover.data import eval_examples, get_task
+    from clover.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_dir())
+    facts, found = joint_fact_tokens(tokenizer), 0
+    assert tokenizer.decode([facts.question]) == "?" and {tokenizer.decode([s]) for s in facts.spaces} == {" ", "\n"}
+    for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
+        prompt = tokenizer(example.prompt, add_special_tokens=False).input_ids
+        response = tokenizer(example.reasoning, add_special_tokens=False).input_ids
+        sources = fact_line_sources(_batch([Pair(tuple(prompt), (*response, EOS))]), facts)[0].tolist()
+        ends_line = [tokenizer.decode([t]).endswith("\n") for t in prompt]
+        for first, stop in fact_copy_spans(response, facts):
+            pilot = next(response[k] for k in range(first - 1, -1, -1) if response[k] in facts.names)
+            # the pilot's prompt line: the one that its name opens
+            start = next(k for k in range(1, len(prompt)) if prompt[k] == pilot and ends_line[k - 1])
+            end = ends_line.index(True, start)
+            pointed = [sources[j] for j in range(first, stop + 1) if sources[j] >= 0]
+            found += len(pointed)
+            assert all(start < column <= end for column in pointed), (tokenizer.decode([pilot]), example.prompt)
+    assert found
+
+
+def test_fact_copy_trains_its_own_head_beside_the_copy_term():
+    model = tiny_model()
+    prompt = (60, 62, 70, 71, 21, 61, 62, 70, 72, 21)
+    batch = _batch([Pair(prompt, (60, 62, 70, 71, 30, 61, 62, 70, 72, 21, EOS))])
+    noise = sample_block_noise(batch.target_mask, 4, 0.1, noise_generator(0, 0))
+    plain = JointLoss(model, 4, alpha=1.0)(batch, noise)
+    both = JointLoss(model, 4, alpha=1.0, copy_attention=0.5, fact_copy=0.25, fact_heads=((0, 1),),
+                     fact_tokens=FACTS, fact_value=0.5)(batch, noise)
+    with torch.no_grad(), RecordedAttention(model) as recorded:
+        causal_logits(model, batch)
+        p = batch.prompt_ids.shape[1]
+        copy = copy_attention_loss(recorded, copy_sources(batch), p)
+        fact = copy_attention_loss(recorded, fact_line_sources(batch, FACTS), p, ((0, 1),))
+    assert torch.allclose(both.l_copy, copy, atol=1e-5) and torch.allclose(both.l_fact, fact, atol=1e-5)
+    assert both.l_fact_value is not None and both.l_value is None
+    expected = plain.total + 0.5 * copy + 0.25 * fact + 0.5 * both.l_fact_value
+    assert torch.allclose(both.total, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="fact_copy needs the fact-line copies' token ids"):
+        JointLoss(model, 4, alpha=1.0, fact_copy=0.25, fact_heads=((0, 1),))
+
+
+def test_fact_copy_needs_its_heads_and_its_value_needs_it():
+    with pytest.raises(ValueError, match=r"fact_copy=0.1 must be >= 0, and > 0 only with fact_copy_heads"):
+        TrainConfig(steps=1, batch_size=1, block_size=4, fact_copy=0.1)
+    with pytest.raises(ValueError, match=r"fact_copy_value=0.3 must be >= 0, and > 0 only with fact_copy"):
+        TrainConfig(steps=1, batch_size=1, block_size=4, fact_copy_value=0.3)
