@@ -481,3 +481,21 @@ def test_the_second_lookup_head_run_continues_run_a_on_fresh_data():
     assert run.model == dataclasses.replace(control.model, init=f"{control.output_dir}/final")
     assert run.tokenizer == control.tokenizer and run.data == dataclasses.replace(control.data, seed=133)
     assert run.train == dataclasses.replace(control.train, steps=1000, seed=133)
+
+
+# The embedded model since the second average: each recipe, the export it starts from (`clover average
+# OUT RUN/checkpoints/step-N --base checkpoints/curriculum-soup2` of the parent run at step N) and N.
+SHIPPED_LINEAGE = (("asked_a_cpu", "checkpoints/curriculum-soup2", None),
+                   ("first_c_cpu", "runs/asked-a-1000", 1000),
+                   ("first_h_cpu", "runs/first-c-500", 500),
+                   ("first_j_cpu", "checkpoints/first-h-1000", 1000))
+
+
+def test_the_shipped_lineage_continues_the_second_average_from_committed_or_named_steps():
+    stages = [(load_recipe(ROOT / "recipes" / f"{name}.json"), init, step) for name, init, step in SHIPPED_LINEAGE]
+    for (parent, _, _), (recipe, init, step) in zip(stages, stages[1:]):
+        assert recipe.model.init == init and init.endswith(f"-{step}") and step <= parent.train.steps
+        assert parent.output_dir.replace("_", "-") + f"-{step}" == init.replace("checkpoints/", "runs/")
+    assert (ROOT / "checkpoints" / "curriculum-soup2").is_dir() and (ROOT / "checkpoints" / "first-h-1000").is_dir()
+    seeds = [recipe.data.seed for recipe, _, _ in stages]
+    assert len(set(seeds)) == len(seeds), seeds
