@@ -56,10 +56,12 @@ Joint's fact-line copies are lookups too: in `2. Is Mia cleared? Mia is licensed
 words after the name come from Mia's prompt line, and a copy that follows the words it has just
 written slips into another pilot's line (`Mia is licensed` + `.`, from `Fay is licensed.`:
 `benchmarks/fact_copies.py`). `fact_line_sources` keeps `copy_sources`' sources of the tokens of
-each such copy after the name and its space (the sentence after a question mark that a pilot's name opens): the
-left context they match includes the name, so each points into the pilot's own line. With
+each such copy after the name and its space (the sentence after a question mark that a pilot's name
+opens): the left context they match includes the name, so each points into the pilot's own line. With
 `train.fact_copy` > 0 a second, separately named head (`train.fact_copy_heads`) is trained on them,
-beside the rule head, with its own value loss (`train.fact_copy_value`).
+beside the rule head, with its own value loss (`train.fact_copy_value`). Named on the first
+full-attention layer's head that looks at them most, it learns to look and the copies do not change
+(BENCHMARKS.md, "The rule lookup ships").
 """
 
 from collections.abc import Sequence

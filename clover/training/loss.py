@@ -147,9 +147,10 @@ class JointLoss(nn.Module):
         if fact_copy and (fact_tokens is None or not fact_heads):
             raise ValueError("fact_copy needs the fact-line copies' token ids (fact_tokens) and its heads named")
         self.copy_value = copy_value
-        self.fact_copy, self.fact_heads, self.fact_tokens, self.fact_value = fact_copy, fact_heads, fact_tokens, fact_value
-        recorded = bool(copy_attention or fact_copy)
-        self.recording = RecordedAttention(model, outputs=bool(copy_value or fact_value)) if recorded else None  # reused
+        self.fact_copy, self.fact_heads, self.fact_tokens = fact_copy, fact_heads, fact_tokens
+        self.fact_value = fact_value
+        outputs = bool(copy_value or fact_value)  # the value losses read the heads' outputs
+        self.recording = RecordedAttention(model, outputs) if copy_attention or fact_copy else None  # reused
         self.o_projs = [layer.o_proj for layer in self.recording.layers] if self.recording else []
         self.residuals = RecordedResiduals(model, owner_layer) if owner_loss else None
 
