@@ -268,3 +268,24 @@ def test_key_supervision_trains_on_keyed_lines_end_to_end(tmp_path):
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [line for line in lines if "l_copy" in line]  # the training steps (not the final evaluation)
     assert len(steps) == 3 and any(s["l_copy"] > 0 for s in steps)
+
+
+def test_fact_line_supervision_trains_beside_the_rule_head_end_to_end(tmp_path):
+    """`train.fact_copy` with its head named: the run finds joint's fact-line tokens in its own
+    tokenizer (the embedded one: each pilot's name one token) and logs a positive fact loss and fact
+    value loss on the steps that hold a fact-line copy."""
+    from clover import default_model_dir
+
+    data = _recipe(tmp_path)
+    data["tokenizer"] = {"path": str(default_model_dir())}
+    data["data"].update(tasks=["joint"], task_options={"joint": {"min_questions": 4}},
+                        max_response_len=240, thinking_fraction=1.0)  # every answer with its derivation lines
+    data["train"].update(fact_copy=0.1, fact_copy_heads=[[0, 1]], fact_copy_value=0.1)
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(data))
+    run = tmp_path / "run"
+    assert main(["train", str(recipe), "--output", str(run), "--no-progress"]) == 0
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "l_fact" in s]
+    assert len(steps) == 3 and all(s["l_fact"] > 0 and s["l_fact_value"] > 0 for s in steps)
+    assert all(s["l_copy"] == 0 for s in steps)

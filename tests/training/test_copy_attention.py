@@ -4,8 +4,8 @@ and the attention weight on it, read off the training forwards."""
 import pytest
 import torch
 
-from clover.training.copy_attention import (FactTokens, KeyTokens, RecordedAttention, copy_attention_loss, copy_sources,
-                                           fact_copy_spans, fact_line_sources, joint_fact_tokens,
+from clover.training.copy_attention import (FactTokens, KeyTokens, RecordedAttention, copy_attention_loss,
+                                           copy_sources, fact_copy_spans, fact_line_sources, joint_fact_tokens,
                                            joint_key_tokens, key_sources, source_log_weights)
 from clover.training.data import Pair, collate
 from clover.training.loss import JointLoss, causal_logits, stream_logits
