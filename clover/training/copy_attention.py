@@ -154,23 +154,33 @@ def joint_key_tokens(tokenizer, target: str = "keys") -> KeyTokens:
 @dataclass(frozen=True)
 class FactTokens:
     """Token ids that mark joint's fact-line copies: the question mark before one, the spaces that
-    may follow it, the pilots' names that open it, and the full stops that end it."""
+    may follow it, the pilots' names that open it, and the full stops that end it; with `words`
+    (every base property word) the copies' first property words alone are sourced."""
 
     question: int
     spaces: frozenset[int]
     names: frozenset[int]
     stops: frozenset[int]
+    words: frozenset[int] | None = None  # the property words: with them, only each copy's first one
 
 
-def joint_fact_tokens(tokenizer) -> FactTokens:
-    """Joint's `FactTokens` as `tokenizer` writes them; the question mark and every pilot name must
-    be one token each."""
+FACT_TARGETS = ("lines", "first_words")  # every token of a fact-line copy after the name, or its first word
+
+
+def joint_fact_tokens(tokenizer, target: str = "lines") -> FactTokens:
+    """Joint's `FactTokens` as `tokenizer` writes them, for `target` (one of FACT_TARGETS); the
+    question mark, every pilot name and (for "first_words") every base property must be one token each."""
+    from clover.data.tasks.joint import BASE
     from clover.data.tasks.vocab import FIRST_NAMES
 
-    required = single_tokens(tokenizer, ("?", *FIRST_NAMES), "fact_copy")
+    if target not in FACT_TARGETS:
+        raise ValueError(f"fact target {target!r} must be one of {FACT_TARGETS}")
+    first = target == "first_words"
+    required = single_tokens(tokenizer, ("?", *FIRST_NAMES, *(BASE if first else ())), "fact_copy")
     spaces = [tokenizer(text, add_special_tokens=False).input_ids for text in (" ", "\n")]
     return FactTokens(required["?"], frozenset(i[0] for i in spaces if len(i) == 1),
-                      frozenset(required[name] for name in FIRST_NAMES), full_stops(tokenizer))
+                      frozenset(required[name] for name in FIRST_NAMES), full_stops(tokenizer),
+                      frozenset(required[word] for word in BASE) if first else None)
 
 
 def fact_copy_spans(response: list[int], tokens: FactTokens):
@@ -190,12 +200,15 @@ def fact_copy_spans(response: list[int], tokens: FactTokens):
 
 def fact_line_sources(batch: Batch, tokens: FactTokens) -> torch.Tensor:
     """[N, R] long: `copy_sources` kept on the tokens of fact-line copies after the name
-    (`fact_copy_spans`), -1 elsewhere."""
+    (`fact_copy_spans`), or with `tokens.words` on each copy's first property word, -1 elsewhere."""
     sources = copy_sources(batch)
     kept = torch.zeros_like(sources, dtype=torch.bool)
     for n, response in enumerate(batch.response_ids.tolist()):
         for first, stop in fact_copy_spans(response, tokens):
-            kept[n, first:stop + 1] = True
+            if tokens.words is None:
+                kept[n, first:stop + 1] = True
+            elif (word := next((k for k in range(first, stop) if response[k] in tokens.words), None)) is not None:
+                kept[n, word] = True
     return torch.where(kept, sources, torch.full_like(sources, -1))
 
 

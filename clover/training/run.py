@@ -241,7 +241,7 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
     keyed = recipe.train.copy_attention and recipe.train.copy_targets in KEY_TARGETS
     keys = joint_key_tokens(tokenizer, recipe.train.copy_targets) if keyed else None
     owners = JOINT_TARGET_TOKENS[recipe.train.owner_target](tokenizer) if recipe.train.owner_loss else None
-    facts = joint_fact_tokens(tokenizer) if recipe.train.fact_copy else None
+    facts = joint_fact_tokens(tokenizer, recipe.train.fact_copy_targets) if recipe.train.fact_copy else None
     if fit_minutes is not None:
         recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys, owners, facts)
     scales = grown_part_scales(model, recipe.model)

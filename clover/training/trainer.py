@@ -24,7 +24,7 @@ from tqdm import tqdm
 from . import checkpointing as ckpt
 from .data import PairDataset
 from .activation_checkpointing import checkpoint_layers
-from .copy_attention import COPY_TARGETS, KEY_TARGETS, FactTokens, KeyTokens
+from .copy_attention import COPY_TARGETS, FACT_TARGETS, KEY_TARGETS, FactTokens, KeyTokens
 from .line_owner import OWNER_READOUTS, OWNER_TARGETS, TargetTokens
 from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
@@ -54,6 +54,7 @@ class TrainConfig:
     fact_copy: float = 0.0  # weight of joint's fact-line copy supervision (copy_attention.py); 0: off
     fact_copy_heads: tuple[tuple[int, int], ...] = ()  # (full-attention layer, head) it trains; needed
     fact_copy_value: float = 0.0  # weight of the loss that fact_copy_heads write the sourced token
+    fact_copy_targets: str = "lines"  # "lines": a copy's tokens after the name; "first_words": its first property
     owner_loss: float = 0.0  # weight of the line-owner supervision's loss (line_owner.py); 0: off
     owner_layer: int = 0  # the decoder layer whose output it reads
     owner_readout: str = "embedding"  # how it reads the pilot there: "embedding" or "ridge" (line_owner.py)
@@ -101,6 +102,8 @@ class TrainConfig:
         if self.fact_copy_value < 0 or (self.fact_copy_value and not self.fact_copy):
             raise ValueError(f"fact_copy_value={self.fact_copy_value} must be >= 0, and > 0 only with fact_copy "
                              f"(fact_copy={self.fact_copy})")
+        if self.fact_copy_targets not in FACT_TARGETS:
+            raise ValueError(f"fact_copy_targets={self.fact_copy_targets!r} must be one of {FACT_TARGETS}")
         if self.copy_targets not in COPY_TARGETS:
             raise ValueError(f"copy_targets={self.copy_targets!r} must be one of {COPY_TARGETS}")
         if self.owner_loss < 0:

@@ -398,3 +398,35 @@ def test_fact_copy_needs_its_heads_and_its_value_needs_it():
         TrainConfig(steps=1, batch_size=1, block_size=4, fact_copy=0.1)
     with pytest.raises(ValueError, match=r"fact_copy_value=0.3 must be >= 0, and > 0 only with fact_copy"):
         TrainConfig(steps=1, batch_size=1, block_size=4, fact_copy_value=0.3)
+
+
+def test_first_words_source_only_each_fact_copy_s_first_property_word():
+    # as above; the property words a, b, c (70-72): `Bo is a c .` keeps `a` alone
+    words = FactTokens(FACTS.question, FACTS.spaces, FACTS.names, FACTS.stops, words=frozenset({70, 71, 72}))
+    prompt = (60, 62, 70, 71, 21, 61, 62, 70, 72, 21)
+    batch = _batch([Pair(prompt, (60, 62, 70, 71, 30, 61, 62, 70, 72, 21, EOS))])
+    assert fact_line_sources(batch, words)[0, :11].tolist() == [-1] * 7 + [7] + [-1] * 3
+
+
+def test_joint_s_first_words_point_at_the_pilot_s_first_property():
+    from clover import default_model_dir
+    from clover.data import eval_examples, get_task
+    from clover.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_dir())
+    facts, found = joint_fact_tokens(tokenizer, "first_words"), 0
+    for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
+        prompt = tokenizer(example.prompt, add_special_tokens=False).input_ids
+        response = tokenizer(example.reasoning, add_special_tokens=False).input_ids
+        sources = fact_line_sources(_batch([Pair(tuple(prompt), (*response, EOS))]), facts)[0].tolist()
+        pointed = [(tokenizer.decode([response[j]]), tokenizer.decode(prompt[c - 4:c + 1])) for j, c in enumerate(sources)
+                   if c >= 0]
+        # each pointed word is a copy's first property, at that word in the pilot's prompt line
+        lines = [line for line in example.reasoning.split("\n") if " is " in line.split("?")[1].split(".")[0]]
+        expected = [(line.split("?")[1].split(" is ")[1].split(" ")[0].strip(",."),
+                     line.split("?")[1].strip().split(" ")[0]) for line in lines]
+        assert [(word, context.split("\n")[-1].split(" ")[0]) for word, context in pointed] == expected
+        found += len(pointed)
+    assert found
+    with pytest.raises(ValueError, match="fact target 'words' must be one of"):
+        joint_fact_tokens(tokenizer, "words")
