@@ -129,10 +129,20 @@ def single_tokens(tokenizer, texts, purpose: str) -> dict[str, int]:
     return {text: i[0] for text, i in ids.items()}
 
 
+def one_token_ids(tokenizer, texts) -> frozenset[int]:
+    """The ids of those of `texts` that `tokenizer` writes as one token (the others left out)."""
+    ids = [tokenizer(text, add_special_tokens=False).input_ids for text in texts]
+    return frozenset(i[0] for i in ids if len(i) == 1)
+
+
 def full_stops(tokenizer) -> frozenset[int]:
     """The tokens that end a sentence: `.`, and `.` with a newline where the tokenizer glues them."""
-    ids = [tokenizer(text, add_special_tokens=False).input_ids for text in (".", ".\n")]
-    return frozenset(i[0] for i in ids if len(i) == 1)
+    return one_token_ids(tokenizer, (".", ".\n"))
+
+
+def first_index(ids: list[int], wanted, start: int, end: int | None = None) -> int | None:
+    """The first index k in [start, end) (end: len(ids)) with ids[k] in `wanted`, or None."""
+    return next((k for k in range(start, len(ids) if end is None else end) if ids[k] in wanted), None)
 
 
 def joint_key_tokens(tokenizer, target: str = "keys") -> KeyTokens:
@@ -177,8 +187,7 @@ def joint_fact_tokens(tokenizer, target: str = "lines") -> FactTokens:
         raise ValueError(f"fact target {target!r} must be one of {FACT_TARGETS}")
     first = target == "first_words"
     required = single_tokens(tokenizer, ("?", *FIRST_NAMES, *(BASE if first else ())), "fact_copy")
-    spaces = [tokenizer(text, add_special_tokens=False).input_ids for text in (" ", "\n")]
-    return FactTokens(required["?"], frozenset(i[0] for i in spaces if len(i) == 1),
+    return FactTokens(required["?"], one_token_ids(tokenizer, (" ", "\n")),
                       frozenset(required[name] for name in FIRST_NAMES), full_stops(tokenizer),
                       frozenset(required[word] for word in BASE) if first else None)
 
@@ -187,15 +196,10 @@ def fact_copy_spans(response: list[int], tokens: FactTokens):
     """(first, stop): the response indices of each fact-line copy's tokens after its name and the space
     after it, through its full stop: a sentence after a question mark (and a space) that a pilot's
     name opens. (The space after the name is the question's too: `Is Jon insured?`.)"""
-    for j, t in enumerate(response):
-        if t != tokens.question:
-            continue
-        name = j + 1 + (j + 1 < len(response) and response[j + 1] in tokens.spaces)
-        if name < len(response) and response[name] in tokens.names:
-            first = name + 1 + (name + 1 < len(response) and response[name + 1] in tokens.spaces)
-            stop = next((k for k in range(first, len(response)) if response[k] in tokens.stops), None)
-            if stop is not None:
-                yield first, stop
+    for j, stop in opened_sentences(response, tokens.question, tokens.stops):
+        name = j + 1 + (response[j + 1] in tokens.spaces)
+        if name < stop and response[name] in tokens.names:
+            yield name + 1 + (response[name + 1] in tokens.spaces), stop
 
 
 def fact_line_sources(batch: Batch, tokens: FactTokens) -> torch.Tensor:
@@ -207,7 +211,7 @@ def fact_line_sources(batch: Batch, tokens: FactTokens) -> torch.Tensor:
         for first, stop in fact_copy_spans(response, tokens):
             if tokens.words is None:
                 kept[n, first:stop + 1] = True
-            elif (word := next((k for k in range(first, stop) if response[k] in tokens.words), None)) is not None:
+            elif (word := first_index(response, tokens.words, first, stop)) is not None:
                 kept[n, word] = True
     return torch.where(kept, sources, torch.full_like(sources, -1))
 
@@ -239,12 +243,12 @@ def keyed_row(response: list[int], ends: dict[int, int], tokens: KeyTokens) -> l
     return row
 
 
-def rule_sentences(ids: list[int], opener: int, stops: frozenset[int]):
-    """(opener index, full stop index) of each sentence of `ids` that opens with `opener` and ends
-    with one of `stops` (the next one after it)."""
+def opened_sentences(ids: list[int], opener: int, stops: frozenset[int]):
+    """(opener index, full stop index) of each sentence of `ids` that opens with `opener` (a rule's
+    `Anyone`, a fact-line copy's question mark) and ends with one of `stops` (the next one after it)."""
     for j, t in enumerate(ids):
         if t == opener:
-            stop = next((k for k in range(j + 1, len(ids)) if ids[k] in stops), None)
+            stop = first_index(ids, stops, j + 1)
             if stop is not None:
                 yield j, stop
 
@@ -253,13 +257,13 @@ def sentence_key_row(response: list[int], ends: dict[int, int], tokens: KeyToken
     """`key_sources`' row for sentence copies (`Anyone ... key .`), or with `tokens.conditions` for
     their first conditions only; `ends`: key -> its prompt column."""
     row = [-1] * len(response)
-    for j, stop in rule_sentences(response, tokens.opener, tokens.stops):
+    for j, stop in opened_sentences(response, tokens.opener, tokens.stops):
         if response[stop - 1] not in ends:
             continue
         if tokens.conditions is None:
             row[j + 1:stop + 1] = [ends[response[stop - 1]]] * (stop - j)
             continue
-        first = next((k for k in range(j + 1, stop - 1) if response[k] in tokens.conditions), None)
+        first = first_index(response, tokens.conditions, j + 1, stop - 1)
         if first is not None:
             row[first] = ends[response[stop - 1]]
     return row

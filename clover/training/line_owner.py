@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .copy_attention import full_stops, rule_sentences, single_tokens
+from .copy_attention import first_index, full_stops, opened_sentences, single_tokens
 from .data import Batch
 
 SCALE = 10.0  # cosine similarity -> logit: a 0.3 lead over the next name is a 3-nat margin
@@ -150,12 +150,12 @@ def rule_first_owners(ids: list[int], tokens: RuleFirstTokens) -> list[int]:
     the opener) where it is a rule sentence's last word before the full stop and a property, or -1."""
     property_class = {t: c for c, t in enumerate(tokens.properties)}
     owners = [-1] * len(ids)
-    for j, stop in rule_sentences(ids, tokens.opener, tokens.stops):
+    for j, stop in opened_sentences(ids, tokens.opener, tokens.stops):
         if ids[stop - 1] not in property_class:
             continue
-        first = next((ids[k] for k in range(j + 1, stop - 1) if ids[k] in property_class), None)
+        first = first_index(ids, property_class, j + 1, stop - 1)
         if first is not None:
-            owners[stop - 1] = property_class[first]
+            owners[stop - 1] = property_class[ids[first]]
     return owners
 
 

@@ -159,14 +159,14 @@ class JointLoss(nn.Module):
             result = self._objective(batch, noise, normalizer)
         if self.copy_attention:
             sources = copy_sources(batch) if self.key_tokens is None else key_sources(batch, self.key_tokens)
-            l_copy, l_value = self._copy_term(recorded, batch, sources, self.copy_heads, self.copy_value)
-            total = result.total + self.copy_attention * l_copy + (self.copy_value * l_value if self.copy_value else 0)
-            result = replace(result, total=total, l_copy=l_copy, l_value=l_value)
+            added, l_copy, l_value = self._copy_term(recorded, batch, sources, self.copy_heads, self.copy_attention,
+                                                     self.copy_value)
+            result = replace(result, total=result.total + added, l_copy=l_copy, l_value=l_value)
         if self.fact_copy:
             sources = fact_line_sources(batch, self.fact_tokens)
-            l_fact, l_fact_value = self._copy_term(recorded, batch, sources, self.fact_heads, self.fact_value)
-            total = result.total + self.fact_copy * l_fact + (self.fact_value * l_fact_value if self.fact_value else 0)
-            result = replace(result, total=total, l_fact=l_fact, l_fact_value=l_fact_value)
+            added, l_fact, l_fact_value = self._copy_term(recorded, batch, sources, self.fact_heads, self.fact_copy,
+                                                          self.fact_value)
+            result = replace(result, total=result.total + added, l_fact=l_fact, l_fact_value=l_fact_value)
         if self.owner_loss:
             classes = self.model.get_input_embeddings().weight[list(self.owner_tokens.classes)]
             l_owner = line_owner_loss(torch.cat(residuals, dim=1), batch_owners(batch, self.owner_tokens), classes,
@@ -174,14 +174,16 @@ class JointLoss(nn.Module):
             result = replace(result, total=result.total + self.owner_loss * l_owner, l_owner=l_owner)
         return result
 
-    def _copy_term(self, recorded, batch: Batch, sources: torch.Tensor, heads, value: float):
-        """(attention loss, value loss or None when `value` is 0) of one copy supervision term."""
+    def _copy_term(self, recorded, batch: Batch, sources: torch.Tensor, heads, weight: float, value: float):
+        """(weighted sum to add to the total, attention loss, value loss or None when `value` is 0) of one
+        copy supervision term over `heads`."""
         prompt_len = batch.prompt_ids.shape[1]
         l_copy = copy_attention_loss(recorded, sources, prompt_len, heads)
         if not value:
-            return l_copy, None
-        return l_copy, copy_value_loss(recorded, self.recording.outputs, self.o_projs, sources, batch.response_ids,
-                                       prompt_len, heads, self.model.get_input_embeddings().weight)
+            return weight * l_copy, l_copy, None
+        l_value = copy_value_loss(recorded, self.recording.outputs, self.o_projs, sources, batch.response_ids,
+                                  prompt_len, heads, self.model.get_input_embeddings().weight)
+        return weight * l_copy + value * l_value, l_copy, l_value
 
     def _objective(self, batch: Batch, noise: BlockNoise, normalizer: float | None) -> LossResult:
         if self.alpha == 0:

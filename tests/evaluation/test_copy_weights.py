@@ -32,10 +32,9 @@ def test_the_best_head_s_weight_bounds_every_head_s():
 
 
 def test_a_run_prints_one_row_per_task(capsys):
-    probe.main([str(default_model_dir()), "--recipe", str(RECIPE), "--examples", "2"])
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {default_model_dir()}")]
-    assert [row.split("|")[2].strip() for row in rows] == ["copy", "airspace", "joint", "record"]
-    assert all(int(row.split("|")[3]) > 0 for row in rows)
+    rows = probe_rows(["--examples", "2"], capsys)
+    assert list(rows) == ["copy", "airspace", "joint", "record"]
+    assert all(int(count) > 0 for count in rows.values())
 
 
 def test_facts_prints_joint_s_fact_line_copies_alone(capsys):
@@ -45,6 +44,7 @@ def test_facts_prints_joint_s_fact_line_copies_alone(capsys):
 
 
 def probe_rows(args, capsys) -> dict[str, str]:
+    """{task: its sourced-token count} from the rows a run of the probe prints for the embedded model."""
     probe.main([str(default_model_dir()), "--recipe", str(RECIPE), *args])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {default_model_dir()}")]
     return {row.split("|")[2].strip(): row.split("|")[3].strip() for row in rows}
