@@ -21,7 +21,7 @@ import torch
 
 from .copy_attention import FactTokens, KeyTokens
 from .data import PairDataset
-from .line_owner import TargetTokens
+from .line_owner import OwnerTerms
 from .distributed import DistInfo, all_reduce_sum
 from .trainer import TrainConfig, Trainer
 
@@ -29,7 +29,7 @@ from .trainer import TrainConfig, Trainer
 def measure_step_seconds(model: torch.nn.Module, config: TrainConfig, dataset: PairDataset,
                          dist: DistInfo = DistInfo(), steps: int = 8, warmup: int = 2,
                          key_tokens: KeyTokens | None = None,
-                         owner_tokens: TargetTokens | None = None,
+                         owner_tokens: OwnerTerms | None = None,
                          fact_tokens: FactTokens | None = None) -> float:
     """Mean seconds of one training step (forward, backward, optimizer) over `steps` timed steps
     after `warmup` untimed ones, on a deep copy of `model` (mean over ranks); `key_tokens`,

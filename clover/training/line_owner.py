@@ -104,6 +104,7 @@ class RuleFirstTokens:
 
 
 TargetTokens = OwnerTokens | AskedTokens | RuleFirstTokens  # what the owner loss asks, by target
+OwnerTerms = TargetTokens | tuple[TargetTokens, ...]  # one owner term's tokens, or several terms' (a loss each)
 
 
 def joint_owner_tokens(tokenizer) -> OwnerTokens:

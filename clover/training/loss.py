@@ -23,7 +23,7 @@ from .cache_handle import with_handles
 from .copy_attention import (FactTokens, KeyTokens, RecordedAttention, copy_attention_loss, copy_sources,
                              copy_value_loss, fact_line_sources, key_sources)
 from .data import Batch
-from .line_owner import RecordedResiduals, TargetTokens, batch_owners, line_owner_loss
+from .line_owner import OwnerTerms, RecordedResiduals, batch_owners, line_owner_loss
 from .noising import BlockNoise
 
 
@@ -130,18 +130,20 @@ class JointLoss(nn.Module):
     line (`fact_line_sources`). With `owner_tokens` and `owner_loss` > 0 the line-owner supervision's loss
     (line_owner.py) at decoder layer `owner_layer`, read by `owner_readout`, times that weight, joins it too
     (each fact line's pilot, or with `AskedTokens` each derivation line's asked property, or with
-    `RuleFirstTokens` each rule sentence's first condition at its property word)."""
+    `RuleFirstTokens` each rule sentence's first condition at its property word); with a tuple of them,
+    one such loss each, summed (`l_owner`), at the same layer and weight."""
 
     def __init__(self, model, block_size: int, alpha: float, use_coreset: bool | None = None,
                  copy_attention: float = 0.0, copy_heads: tuple[tuple[int, int], ...] = (),
                  key_tokens: KeyTokens | None = None, owner_loss: float = 0.0, owner_layer: int = 0,
-                 owner_tokens: TargetTokens | None = None, owner_readout: str = "embedding",
+                 owner_tokens: OwnerTerms | None = None, owner_readout: str = "embedding",
                  copy_value: float = 0.0, fact_copy: float = 0.0, fact_heads: tuple[tuple[int, int], ...] = (),
                  fact_tokens: FactTokens | None = None, fact_value: float = 0.0):
         super().__init__()
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
         self.copy_attention, self.copy_heads, self.key_tokens = copy_attention, copy_heads, key_tokens
-        self.owner_loss, self.owner_tokens, self.owner_readout = owner_loss, owner_tokens, owner_readout
+        self.owner_loss, self.owner_readout = owner_loss, owner_readout
+        self.owner_terms = owner_tokens if isinstance(owner_tokens, tuple) else (owner_tokens,)
         if owner_loss and owner_tokens is None:
             raise ValueError("owner_loss needs the fact lines' token ids (owner_tokens)")
         if fact_copy and (fact_tokens is None or not fact_heads):
@@ -168,9 +170,9 @@ class JointLoss(nn.Module):
                                                           self.fact_value)
             result = replace(result, total=result.total + added, l_fact=l_fact, l_fact_value=l_fact_value)
         if self.owner_loss:
-            classes = self.model.get_input_embeddings().weight[list(self.owner_tokens.classes)]
-            l_owner = line_owner_loss(torch.cat(residuals, dim=1), batch_owners(batch, self.owner_tokens), classes,
-                                      self.owner_readout)
+            stream, embeddings = torch.cat(residuals, dim=1), self.model.get_input_embeddings().weight
+            l_owner = sum(line_owner_loss(stream, batch_owners(batch, tokens), embeddings[list(tokens.classes)],
+                                          self.owner_readout) for tokens in self.owner_terms)
             result = replace(result, total=result.total + self.owner_loss * l_owner, l_owner=l_owner)
         return result
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .copy_attention import KEY_TARGETS, FactTokens, KeyTokens, joint_fact_tokens, joint_key_tokens
-from .line_owner import JOINT_TARGET_TOKENS, TargetTokens
+from .line_owner import JOINT_TARGET_TOKENS, OwnerTerms
 from .data import BatchSpec, PairDataset
 from .distributed import DistInfo, barrier, device_for, init_distributed, shutdown
 from .evaluation import combine, loss_evaluator, task_evaluator
@@ -184,7 +184,7 @@ def _fits(pair, data) -> bool:
 
 
 def fit_recipe(recipe: Recipe, model, dataset, dist: DistInfo, minutes: float, run_dir: Path,
-               key_tokens: KeyTokens | None = None, owner_tokens: TargetTokens | None = None,
+               key_tokens: KeyTokens | None = None, owner_tokens: OwnerTerms | None = None,
                fact_tokens: FactTokens | None = None) -> Recipe:
     """`recipe` with the steps that fill `minutes` here; the run dir's recipe.json records them."""
     seconds = measure_step_seconds(model, recipe.train, dataset, dist, key_tokens=key_tokens,
@@ -240,7 +240,8 @@ def _run(recipe, dist, resume, max_steps, max_minutes, progress, fit_minutes) ->
                                   lambda message: log_line(run_dir, dist, message, echo=True))
     keyed = recipe.train.copy_attention and recipe.train.copy_targets in KEY_TARGETS
     keys = joint_key_tokens(tokenizer, recipe.train.copy_targets) if keyed else None
-    owners = JOINT_TARGET_TOKENS[recipe.train.owner_target](tokenizer) if recipe.train.owner_loss else None
+    owners = tuple(JOINT_TARGET_TOKENS[target](tokenizer) for target in recipe.train.owner_targets) \
+        if recipe.train.owner_loss else None
     facts = joint_fact_tokens(tokenizer, recipe.train.fact_copy_targets) if recipe.train.fact_copy else None
     if fit_minutes is not None:
         recipe = fit_recipe(recipe, model, dataset, dist, fit_minutes, run_dir, keys, owners, facts)

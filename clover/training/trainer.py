@@ -25,7 +25,7 @@ from . import checkpointing as ckpt
 from .data import PairDataset
 from .activation_checkpointing import checkpoint_layers
 from .copy_attention import COPY_TARGETS, FACT_TARGETS, KEY_TARGETS, FactTokens, KeyTokens
-from .line_owner import OWNER_READOUTS, OWNER_TARGETS, TargetTokens
+from .line_owner import OWNER_READOUTS, OWNER_TARGETS, OwnerTerms
 from .distributed import DistInfo, all_reduce_sum, barrier, broadcast_flag
 from .loss import JointLoss
 from .noising import LEVEL_UNITS, noise_generator, sample_example_noise, step_level_bounds
@@ -58,7 +58,7 @@ class TrainConfig:
     owner_loss: float = 0.0  # weight of the line-owner supervision's loss (line_owner.py); 0: off
     owner_layer: int = 0  # the decoder layer whose output it reads
     owner_readout: str = "embedding"  # how it reads the pilot there: "embedding" or "ridge" (line_owner.py)
-    owner_target: str = "pilot"  # what it asks for: each fact line's pilot, or one of OWNER_TARGETS (line_owner.py)
+    owner_target: str | tuple[str, ...] = "pilot"  # of OWNER_TARGETS (line_owner.py); several: a loss each
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 0
@@ -110,8 +110,15 @@ class TrainConfig:
             raise ValueError(f"owner_loss={self.owner_loss} must be >= 0")
         if self.owner_readout not in OWNER_READOUTS:
             raise ValueError(f"owner_readout={self.owner_readout!r} must be one of {OWNER_READOUTS}")
-        if self.owner_target not in OWNER_TARGETS:
-            raise ValueError(f"owner_target={self.owner_target!r} must be one of {OWNER_TARGETS}")
+        targets = self.owner_targets
+        if not targets or len(set(targets)) < len(targets) or not set(targets) <= set(OWNER_TARGETS):
+            raise ValueError(f"owner_target={self.owner_target!r} must be one of {OWNER_TARGETS}, or several of "
+                             "them, each once")
+
+    @property
+    def owner_targets(self) -> tuple[str, ...]:
+        """`owner_target` as a tuple: the owner terms, each at `owner_layer` and weight `owner_loss`."""
+        return (self.owner_target,) if isinstance(self.owner_target, str) else tuple(self.owner_target)
 
 
 @dataclass(frozen=True)
@@ -154,12 +161,13 @@ class Trainer:
                  run_dir: str | Path | None = None, eval_fn: EvalFn | None = None,
                  dist: DistInfo = DistInfo(), progress: bool = True,
                  update_scales: dict[str, torch.Tensor] | None = None, key_tokens: KeyTokens | None = None,
-                 owner_tokens: TargetTokens | None = None, fact_tokens: FactTokens | None = None):
+                 owner_tokens: OwnerTerms | None = None, fact_tokens: FactTokens | None = None):
         """`update_scales`: parameter name -> per-element multiplier of its updates (optim.py);
         `key_tokens`: the keyed copies' token ids, which copy supervision needs with `copy_targets` one
         of KEY_TARGETS;
         `owner_tokens`: the token ids of what line-owner supervision asks for (line_owner.TargetTokens),
-        which it needs; `fact_tokens`: those of joint's fact-line copies, which `fact_copy` needs."""
+        or a tuple of them, one per `owner_targets`, which it needs; `fact_tokens`: those of joint's
+        fact-line copies, which `fact_copy` needs."""
         self.model, self.config, self.dataset, self.dist = model, config, dataset, dist
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.eval_fn, self.progress = eval_fn, progress

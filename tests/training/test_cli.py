@@ -270,17 +270,19 @@ def test_key_supervision_trains_on_keyed_lines_end_to_end(tmp_path):
     assert len(steps) == 3 and any(s["l_copy"] > 0 for s in steps)
 
 
-def test_fact_line_supervision_trains_beside_the_rule_head_end_to_end(tmp_path):
+def test_fact_line_supervision_trains_beside_two_owner_terms_end_to_end(tmp_path):
     """`train.fact_copy` with its head named: the run finds joint's fact-line tokens in its own
     tokenizer (the embedded one: each pilot's name one token) and logs a positive fact loss and fact
-    value loss on the steps that hold a fact-line copy."""
+    value loss on the steps that hold a fact-line copy; beside it two owner targets from one JSON
+    array, whose summed loss is above either one's floor of 0."""
     from clover import default_model_dir
 
     data = _recipe(tmp_path)
     data["tokenizer"] = {"path": str(default_model_dir())}
     data["data"].update(tasks=["joint"], task_options={"joint": {"min_questions": 4}},
                         max_response_len=240, thinking_fraction=1.0)  # every answer with its derivation lines
-    data["train"].update(fact_copy=0.1, fact_copy_heads=[[0, 1]], fact_copy_value=0.1)
+    data["train"].update(fact_copy=0.1, fact_copy_heads=[[0, 1]], fact_copy_value=0.1, owner_loss=0.1,
+                         owner_target=["pilot", "rule_first"])
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps(data))
     run = tmp_path / "run"
@@ -288,4 +290,5 @@ def test_fact_line_supervision_trains_beside_the_rule_head_end_to_end(tmp_path):
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "l_fact" in s]
     assert len(steps) == 3 and all(s["l_fact"] > 0 and s["l_fact_value"] > 0 for s in steps)
-    assert all(s["l_copy"] == 0 for s in steps)
+    assert all(s["l_copy"] == 0 and s["l_owner"] > 0 for s in steps)
+    assert json.loads((run / "recipe.json").read_text())["train"]["owner_target"] == ["pilot", "rule_first"]

@@ -164,6 +164,10 @@ def test_the_fused_training_forwards_record_the_residuals_one_causal_forward_giv
     # the first row's 12 and, its line running on with no newline, the response's 40 9 20 9 61, then 13 14
     assert (owned >= 0).sum(1).tolist() == [1 + 5 + 2, 0]
     assert causal_asked > 0 and torch.allclose(fused_asked.l_owner, causal_asked, atol=1e-5)
+    with torch.no_grad():  # two targets: a loss each at the one layer, summed, times the one weight
+        both = JointLoss(model, 4, alpha=1.0, owner_loss=0.5, owner_layer=1, owner_tokens=(TOKENS, asked))(batch, noise)
+    assert torch.allclose(both.l_owner, causal + causal_asked, atol=1e-5)
+    assert torch.allclose(both.total, plain.total + 0.5 * (causal + causal_asked), atol=1e-5)
 
 
 def test_the_loss_falls_as_the_residual_turns_to_the_line_s_pilot():
@@ -198,6 +202,13 @@ def test_bad_owner_settings_are_refused_by_name():
         TrainConfig(steps=1, batch_size=1, block_size=4, owner_readout="probe")
     with pytest.raises(ValueError, match=r"owner_target='name' must be one of \('pilot', 'asked', 'rule_first'\)"):
         TrainConfig(steps=1, batch_size=1, block_size=4, owner_target="name")
+    for bad in (("pilot", "name"), ("pilot", "pilot"), ()):
+        with pytest.raises(ValueError, match=r"must be one of \('pilot', 'asked', 'rule_first'\), or several of them, "
+                                             "each once"):
+            TrainConfig(steps=1, batch_size=1, block_size=4, owner_target=bad)
+    assert TrainConfig(steps=1, batch_size=1, block_size=4, owner_target=("rule_first", "pilot")).owner_targets \
+        == ("rule_first", "pilot")
+    assert TrainConfig(steps=1, batch_size=1, block_size=4).owner_targets == ("pilot",)
     with pytest.raises(ValueError, match="owner_layer=9 is not one of the model's 4 decoder layers"):
         JointLoss(tiny_model(), 4, 1.0, owner_loss=0.1, owner_layer=9, owner_tokens=TOKENS)
     config = TrainConfig(steps=1, batch_size=4, block_size=4, owner_loss=0.1)
