@@ -144,7 +144,7 @@ class JointLoss(nn.Module):
         self.copy_attention, self.copy_heads, self.key_tokens = copy_attention, copy_heads, key_tokens
         self.owner_loss, self.owner_readout = owner_loss, owner_readout
         self.owner_terms = owner_tokens if isinstance(owner_tokens, tuple) else (owner_tokens,)
-        if owner_loss and owner_tokens is None:
+        if owner_loss and not owner_tokens:  # None, or no term
             raise ValueError("owner_loss needs the fact lines' token ids (owner_tokens)")
         if fact_copy and (fact_tokens is None or not fact_heads):
             raise ValueError("fact_copy needs the fact-line copies' token ids (fact_tokens) and its heads named")

@@ -209,6 +209,8 @@ def test_bad_owner_settings_are_refused_by_name():
     assert TrainConfig(steps=1, batch_size=1, block_size=4, owner_target=("rule_first", "pilot")).owner_targets \
         == ("rule_first", "pilot")
     assert TrainConfig(steps=1, batch_size=1, block_size=4).owner_targets == ("pilot",)
+    with pytest.raises(ValueError, match="owner_loss needs the fact lines' token ids"):
+        JointLoss(tiny_model(), 4, 1.0, owner_loss=0.1, owner_tokens=())
     with pytest.raises(ValueError, match="owner_layer=9 is not one of the model's 4 decoder layers"):
         JointLoss(tiny_model(), 4, 1.0, owner_loss=0.1, owner_layer=9, owner_tokens=TOKENS)
     config = TrainConfig(steps=1, batch_size=4, block_size=4, owner_loss=0.1)
