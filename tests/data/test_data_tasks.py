@@ -341,6 +341,55 @@ def test_joint_roster_lists_every_value_and_each_line_looks_up_its_conditions():
             get_task("joint", facts="roster", **options)
 
 
+def _named_value(text: str) -> list[str]:
+    """`"rested=yes"` or `"rested+"` -> `["rested", "yes"]`."""
+    if text[-1] in "+-":
+        return [text[:-1], "yes" if text[-1] == "+" else "no"]
+    return text.split("=")
+
+
+@pytest.mark.parametrize("form", ["named", "marked"])
+def test_joint_named_roster_names_the_pilot_at_each_value_and_lines_copy_no_fact_line(form):
+    """With `facts="named"` each roster value is written after its pilot's name (`Kim licensed=no, Kim
+    rested=yes, Kim registered=yes.`; `"marked"`: `Kim licensed-, Kim rested+, Kim registered+.`), and a
+    line writes the question, the rule(s), then each condition looked up by pilot and property (`Kim
+    licensed=no, Kim rested=yes.`), and the answer: yes when every value is. The draws are the stated
+    prompts'."""
+    stated, named = get_task("joint", balanced=True), get_task("joint", balanced=True, facts=form)
+    seen = set()
+    for seed in range(200):
+        a, b = stated.sample(random.Random(seed)), named.sample(random.Random(seed))
+        assert (a.answer, a.meta) == (b.answer, b.meta) and named.score(b, b.answer)["correct"]
+        heading = {"named": "Roster:\n", "marked": "Roster (+ yes, - no):\n"}[form]
+        rows = b.prompt.split(heading)[1].split("\nQuestions:")[0].splitlines()
+        table = {}
+        for sentence, row in zip(_fact_lines(a.prompt), rows, strict=True):
+            pairs = [value.split(" ") for value in row.rstrip(".").split(", ")]
+            (name,) = {pilot for pilot, _ in pairs}
+            table[name] = dict(_named_value(value) for _, value in pairs)
+            held = set() if "none" in sentence else set(
+                sentence.split(" is ", 1)[1].rstrip(".").replace(" and ", ", ").split(", "))
+            assert sentence.startswith(f"{name} ") and len(table[name]) == 3
+            assert {p for p, v in table[name].items() if v == "yes"} == held
+        for line, answer in zip(b.reasoning.splitlines(), b.answer.split(), strict=True):
+            head, verdict = line.rsplit(" ", 1)
+            question, rest = line.split("? ", 1)
+            pilot, asked = question.split(" ")[2:4]
+            rule = rest.split("Anyone who is ")[1].split(" is ")[0] if rest.startswith("Anyone") else None
+            conditions = rule.replace(" and ", ", ").split(", ") if rule else [asked]
+            lookups = [value.split(" ") for value in head.rsplit(". ", 1)[-1].split("? ")[-1].rstrip(".").split(", ")]
+            assert {name for name, _ in lookups} == {pilot}
+            lookups = [_named_value(value) for _, value in lookups]
+            assert [c for c, _ in lookups] == conditions and all(table[pilot][c] == v for c, v in lookups)
+            assert verdict == ("yes" if all(v == "yes" for _, v in lookups) else "no") == answer.split(":")[1]
+            seen.add((len(lookups), verdict))
+    assert {(1, "yes"), (1, "no"), (2, "yes"), (2, "no")} <= seen
+    for options, message in (({"chain": True}, "needs chain=False and checks=''"),
+                             ({"line_rules": "both"}, "line_rules='both'")):
+        with pytest.raises(ValueError, match=message):
+            get_task("joint", facts=form, **options)
+
+
 @pytest.mark.parametrize("layout", ["listed", "paired"])
 def test_airspace_checks_scan_the_later_notices_up_to_the_modifier(layout):
     """With `checks`, a zone's line lists the ids of the notices after its own, in feed order, up

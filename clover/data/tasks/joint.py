@@ -141,7 +141,10 @@ DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qu
 _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its checks in two more layouts
 # the prompt's facts, by form, under their heading: closed-world sentences, keyed lines, or every value listed
 _CLOSED_WORLD = "Facts (nothing else is true):"
-_FACT_HEADINGS = {"stated": _CLOSED_WORLD, "keyed": _CLOSED_WORLD, "roster": "Roster:"}
+_FACT_HEADINGS = {"stated": _CLOSED_WORLD, "keyed": _CLOSED_WORLD, "roster": "Roster:", "named": "Roster:",
+                  "marked": "Roster (+ yes, - no):"}
+_NAMED = ("named", "marked")  # roster forms that name the pilot at each value: `Kim rested=yes` or `Kim rested+`
+_LOOKED_UP = ("roster", *_NAMED)  # fact forms whose lines look each condition's value up
 RULE_FORMS = ("sentence", "keyed")  # "Anyone who is a and b is d." or "d: a and b."
 LINE_RULE_FORMS = (*RULE_FORMS, "both", "keyed_first", "keyed_before_fact")  # a derivation line may also
 # write "d: a and b. Anyone who is a and b is d." after its fact line, the keyed rule before the fact line and
@@ -175,10 +178,13 @@ class JointTask(Task):
                              f"line), got chain=True")
         if facts not in _FACT_HEADINGS:
             raise ValueError(f"facts={facts!r} must be one of {tuple(_FACT_HEADINGS)}")
-        if facts == "roster" and (chain or checks):
-            raise ValueError(f"facts='roster' writes its own lookups of base properties: it needs "
+        if facts in _LOOKED_UP and (chain or checks):
+            raise ValueError(f"facts={facts!r} writes its own lookups of base properties: it needs "
                              f"chain=False and checks='', got chain={chain}, checks={checks!r}")
         line_rules = line_rules or rules
+        if facts in _NAMED and line_rules in _KEYED_LINES:
+            raise ValueError(f"facts={facts!r} lines copy no fact line to write a keyed rule around: it needs "
+                             f"line_rules in {RULE_FORMS}, got line_rules={line_rules!r}")
         for option, form, forms in (("rules", rules, RULE_FORMS), ("line_rules", line_rules, LINE_RULE_FORMS)):
             if form not in forms:
                 raise ValueError(f"{option}={form!r} must be one of {forms}")
@@ -257,14 +263,16 @@ class JointTask(Task):
         if self.derive == "scan" and behind:
             written = rules[:rules.index(behind[-1]) + 1]
         question, fact = f"{k}. Is {pilot} {prop}?", fact_line(pilot, held, base, self.facts)
-        if self.line_rules in _KEYED_BEFORE_FACT:  # the keyed lookup right after the question
+        if self.facts in _NAMED:  # each lookup names its pilot: no fact line is copied
+            words = [question, *(rule_line(rule, self.line_rules) for rule in written)]
+        elif self.line_rules in _KEYED_BEFORE_FACT:  # the keyed lookup right after the question
             words = [question, *(rule_line(rule, "keyed") for rule in written), fact]
             if self.line_rules == "keyed_first":  # and its sentence after the fact line
                 words += [rule_line(rule, "sentence") for rule in written]
         else:
             words = [question, fact, *(rule_line(rule, self.line_rules) for rule in written)]
-        if self.facts == "roster":
-            words.append(_values(conditions, held))
+        if self.facts in _LOOKED_UP:
+            words.append(_values(conditions, held, pilot if self.facts in _NAMED else "", self.facts == "marked"))
         elif self.checks:
             words.append(_checks([b for b in base if b in held], conditions, self.checks))
         return " ".join(w for w in [*words, _yn(answer)] if w)
@@ -411,14 +419,20 @@ def _check(held: str, condition: str, layout: str) -> str:
     return f"{held}={condition} {_yn(held == condition)}"
 
 
-def _values(properties: list[str] | tuple[str, ...], held: set[str]) -> str:
-    """``licensed=no, rested=yes.``: each property with its value, as a roster line writes it."""
-    return ", ".join(f"{prop}={_yn(prop in held)}" for prop in properties) + "."
+def _values(properties: list[str] | tuple[str, ...], held: set[str], pilot: str = "", marked: bool = False) -> str:
+    """``licensed=no, rested=yes.``: each property with its value, as a roster line writes it; with
+    ``pilot``, each value named: ``Kim licensed=no, Kim rested=yes.``; ``marked``, each value a sign
+    glued to its property: ``Kim licensed-, Kim rested+.``."""
+    named = f"{pilot} " if pilot else ""
+    value = (lambda prop: _SIGN[prop in held]) if marked else (lambda prop: f"={_yn(prop in held)}")
+    return ", ".join(f"{named}{prop}{value(prop)}" for prop in properties) + "."
 
 
 def fact_line(person: str, held: set[str], base: list[str], form: str) -> str:
     if form == "roster":
         return f"{person}: {_values(base, held)}"
+    if form in _NAMED:
+        return _values(base, held, person, form == "marked")
     held_in_order = [b for b in base if b in held]
     if form == "keyed":
         return f"{person}: {_join(held_in_order) if held_in_order else 'none'}."
