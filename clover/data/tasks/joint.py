@@ -46,6 +46,16 @@ and rested is cleared. licensed=no, rested=yes. no`` (a base property: ``rested=
 lookup copies the value that follows the condition in the line just written, and the answer is yes
 when every looked-up value is; no step has to notice that a word is missing from a line.
 
+With ``facts="named"`` the roster names the pilot at each value, ``Kim licensed=no, Kim rested=yes,
+Kim registered=yes.``, and a line copies no fact line: after the question and the rule(s) it looks each
+condition up by pilot and property, ``2. Is Kim cleared? Anyone who is licensed and rested is cleared.
+Kim licensed=no, Kim rested=yes. no`` (a base property: ``Kim rested=yes. yes``). In the stated form a
+copy's later words are found by the words before them alone (past a line's first property no layer of
+the shipped model holds whose line a word is in: BENCHMARKS.md), so it slips into another line that
+shares them; here every lookup has its pilot two words back. With ``facts="marked"`` (under ``Roster (+
+yes, - no):``) each value is a sign glued to its property, ``Kim licensed-, Kim rested+.``, so that the
+pilot, the property and the value lie within the short convolution's four tokens (a space is a token).
+
 With ``rules="keyed"`` (the default is ``"sentence"``) each rule is written with its derived property
 first, as a list of requirements is, ``cleared: licensed and rested.`` in place of ``Anyone who is
 licensed and rested is cleared.``; with ``facts="keyed"`` each fact line names the pilot the same
