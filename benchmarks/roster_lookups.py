@@ -53,16 +53,14 @@ def table(model, tokenizer, examples) -> list[str]:
         forced = teacher_forced(model, tokenizer, example)
         at = forced.answer.index(example.reasoning)
         for line in example.reasoning.split("\n"):
+            spans = [(part, forced.tokens(at + start, at + end)) for part, start, end in parts(line)]
             for mode, count in counts.items():
-                def right(start: int, end: int) -> bool:
-                    return all(forced.right[mode][k] for k in forced.tokens(at + start, at + end))
-
-                spans = parts(line)
-                for part, start, end in spans:
+                rights = [(part, all(forced.right[mode][k] for k in tokens)) for part, tokens in spans]
+                for part, right in rights:
                     count[part] += 1
-                    count[f"{part} right"] += right(start, end)
+                    count[f"{part} right"] += right
                 count["line"] += 1
-                count["line right"] += all(right(a, b) for part, a, b in spans if part.startswith("value"))
+                count["line right"] += all(right for part, right in rights if part.startswith("value"))
             at += len(line) + 1
     rows = [f"{'mode':<8}" + "".join(f"{part:>16}" for part in PARTS)]
     for mode, c in counts.items():

@@ -143,8 +143,9 @@ class JointLoss(nn.Module):
         self.model, self.block_size, self.alpha, self.use_coreset = model, block_size, alpha, use_coreset
         self.copy_attention, self.copy_heads, self.key_tokens = copy_attention, copy_heads, key_tokens
         self.owner_loss, self.owner_readout = owner_loss, owner_readout
-        self.owner_terms = owner_tokens if isinstance(owner_tokens, tuple) else \
-            () if owner_tokens is None else (owner_tokens,)
+        if owner_tokens is None:
+            owner_tokens = ()
+        self.owner_terms = owner_tokens if isinstance(owner_tokens, tuple) else (owner_tokens,)
         if owner_loss and not self.owner_terms:
             raise ValueError("owner_loss needs the fact lines' token ids (owner_tokens)")
         if fact_copy and (fact_tokens is None or not fact_heads):

@@ -21,6 +21,12 @@ def _fact_lines(prompt: str) -> list[str]:
     return prompt.split("Facts (nothing else is true):\n")[1].split("\nQuestions:")[0].splitlines()
 
 
+def _stated(sentence: str) -> set[str]:
+    """The properties a closed-world fact line states: `Kim is a, b and c.` -> {a, b, c}."""
+    return set() if "none" in sentence else set(
+        sentence.split(" is ", 1)[1].rstrip(".").replace(" and ", ", ").split(", "))
+
+
 def _radius_km(text: str) -> float:
     """Independent reading of the (single) radius phrase in ``text``, in km to 0.1."""
     (value, unit), = _RADIUS.findall(text)
@@ -317,8 +323,7 @@ def test_joint_roster_lists_every_value_and_each_line_looks_up_its_conditions():
         for sentence, row in zip(sentences, rows):
             name, _, values = row.rstrip(".").partition(": ")
             table[name] = dict(value.split("=") for value in values.split(", "))
-            held = set() if "none" in sentence else set(
-                sentence.split(" is ", 1)[1].rstrip(".").replace(" and ", ", ").split(", "))
+            held = _stated(sentence)
             assert sentence.startswith(f"{name} ")
             assert {p for p, v in table[name].items() if v == "yes"} == held
             assert len(table[name]) == 3 and set(table[name].values()) <= {"yes", "no"}
@@ -367,8 +372,7 @@ def test_joint_named_roster_names_the_pilot_at_each_value_and_lines_copy_no_fact
             pairs = [value.split(" ") for value in row.rstrip(".").split(", ")]
             (name,) = {pilot for pilot, _ in pairs}
             table[name] = dict(_named_value(value) for _, value in pairs)
-            held = set() if "none" in sentence else set(
-                sentence.split(" is ", 1)[1].rstrip(".").replace(" and ", ", ").split(", "))
+            held = _stated(sentence)
             assert sentence.startswith(f"{name} ") and len(table[name]) == 3
             assert {p for p, v in table[name].items() if v == "yes"} == held
         for line, answer in zip(b.reasoning.splitlines(), b.answer.split(), strict=True):

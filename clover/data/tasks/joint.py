@@ -437,8 +437,12 @@ def _values(properties: list[str] | tuple[str, ...], held: set[str], pilot: str 
     ``pilot``, each value named: ``Kim licensed=no, Kim rested=yes.``; ``marked``, each value a sign
     glued to its property: ``Kim licensed-, Kim rested+.``."""
     named = f"{pilot} " if pilot else ""
-    value = (lambda prop: _SIGN[prop in held]) if marked else (lambda prop: f"={_yn(prop in held)}")
-    return ", ".join(f"{named}{prop}{value(prop)}" for prop in properties) + "."
+    return ", ".join(f"{named}{prop}{_value(prop in held, marked)}" for prop in properties) + "."
+
+
+def _value(holds: bool, marked: bool) -> str:
+    """``=yes`` / ``=no``, or marked ``+`` / ``-``."""
+    return _SIGN[holds] if marked else f"={_yn(holds)}"
 
 
 def fact_line(person: str, held: set[str], base: list[str], form: str) -> str:
