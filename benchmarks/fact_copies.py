@@ -6,6 +6,7 @@ given, one pass per prompt), this finds in each copy the first token after the n
 is wrong, causally (AR) and in block mode with the whole block masked, and tells:
 
   verb       the first token or two after the name (`is` against `has none of these`)
+  count      the counted form's count there (`Mia 2 licensed and trained.`), written or predicted
   separator  a space, comma, `and` or the full stop between the properties
   word       a property
 
@@ -27,7 +28,7 @@ from common import joint_probe_inputs  # noqa: E402
 from joint_errors import part_spans  # noqa: E402
 from lookup_head import FACT_LINE  # noqa: E402
 
-PLACES = ("verb", "separator", "word")
+PLACES = ("verb", "count", "separator", "word")
 SEPARATORS = {"", ",", "and", "."}
 
 
@@ -55,9 +56,12 @@ def prompt_lines(prompt: str) -> dict[str, str]:
     return {pilot: prompt[a:b] for pilot, a, b in prompt_spans(prompt)}
 
 
-def place(k: int, token: str) -> str:
-    """Where the `k`-th token after the name is: the verb (the first two), a separator, a word."""
-    return "verb" if k <= 1 else "separator" if token.strip() in SEPARATORS else "word"
+def place(k: int, token: str, predicted: str = "") -> str:
+    """Where the `k`-th token after the name is: the verb (the first two; the count where the target or
+    the prediction is a digit), a separator, a word."""
+    if k <= 1:
+        return "count" if token.isdigit() or predicted.isdigit() else "verb"
+    return "separator" if token.strip() in SEPARATORS else "word"
 
 
 def from_another_line(written: str, predicted: str, pilot: str, lines: dict[str, str]) -> bool:
@@ -87,12 +91,12 @@ def table(model, tokenizer, examples) -> list[str]:
                     continue
                 j = right.index(False)
                 predicted = tokenizer.decode([int(logits[inside[j]].argmax())])
-                counts[mode][place(j, tokens[j])] += 1
+                counts[mode][place(j, tokens[j], predicted)] += 1
                 counts[mode]["another line"] += from_another_line("".join(tokens[:j]), predicted, pilot, lines)
-    head = f"{'mode':<8}{'copies':>8}{'right':>8}" + "".join(f"{p:>11}" for p in PLACES) + f"{'another line':>14}"
+    head = f"{'mode':<8}{'copies':>8}{'right':>8}" + "".join(f"{p:>10}" for p in PLACES) + f"{'another line':>14}"
     rows = [head]
     for mode, c in counts.items():
-        rows.append(f"{mode:<8}{c['copies']:>8}{c['right']:>8}" + "".join(f"{c[p]:>11}" for p in PLACES)
+        rows.append(f"{mode:<8}{c['copies']:>8}{c['right']:>8}" + "".join(f"{c[p]:>10}" for p in PLACES)
                     + f"{c['another line']:>14}")
     return rows
 

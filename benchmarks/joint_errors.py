@@ -130,8 +130,12 @@ FACT_SPLIT = ("pilot", "answer", "other")
 
 
 def fact_words(fact: str) -> tuple[str, set[str]]:
-    """`(pilot, properties)` of a fact line: `Kim is a, b and c`, `Kim: a and b`, `Kim has none of these`."""
+    """`(pilot, properties)` of a fact line: `Kim is a, b and c`, `Kim: a and b`, `Kim has none of these`,
+    counted `Kim 2 a and b`, `Kim 0`."""
     name, _, rest = fact.replace(":", " is", 1).partition(" ")
+    count, _, listed = rest.partition(" ")
+    if count.isdigit():
+        rest = f"is {listed}" if listed else "has none"
     if rest.startswith("has none") or rest.endswith("none"):
         return name, set()
     return name, set(split_joined(rest.removeprefix("is "))) - {""}

@@ -363,8 +363,9 @@ def sharpen(model, new: int, data, h: torch.Tensor, report=print, epochs: int = 
     return history
 
 
-FACT_LINE = re.compile(r"^(\w+) (?:is (.+?)|has none of these)\.$", re.MULTILINE)  # a prompt fact line
-FACT_COPY = re.compile(r"\? (\w+) (?:is (.+?)|has none of these)\.")  # a derivation line's copy of one
+_FACT = r"(\w+) (?:(?:is |[1-3] )(.+?)|has none of these|0)\."  # stated, or counted (`Kim 2 a and b.`, `Kim 0.`)
+FACT_LINE = re.compile(rf"^{_FACT}$", re.MULTILINE)  # a prompt fact line
+FACT_COPY = re.compile(rf"\? {_FACT}")  # a derivation line's copy of one
 FACT_ROLES = ("property", "verb")  # a fact head writes the pilot's properties, or `is` against `has`
 
 

@@ -479,6 +479,28 @@ def test_joint_keyed_rules_and_facts_write_the_key_first(facts):
         get_task("joint", facts=facts, rules="keyed", checks="paired")
 
 
+def test_joint_counted_facts_give_how_many_before_which():
+    """With `facts="counted"` each fact line, in the prompt and in every line's copy, writes the count of
+    its properties where the stated form writes `is` (`Kim 2 licensed and rested.`, `Kim 0.`), under its
+    own heading. The draws are the stated prompts': same pilots, questions and answers."""
+    stated, counted = get_task("joint", balanced=True), get_task("joint", balanced=True, facts="counted")
+    fact = re.compile(r"\b([A-Z][a-z]+) (?:is (.+?)|has none of these)\.")
+
+    def count(m: re.Match) -> str:
+        held = _stated(m[0])
+        return f"{m[1]} {len(held)} {m[2]}." if held else f"{m[1]} 0."
+
+    counts = set()
+    for seed in range(200):
+        a, b = stated.sample(random.Random(seed)), counted.sample(random.Random(seed))
+        assert (a.answer, a.meta) == (b.answer, b.meta) and counted.score(b, b.answer)["correct"]
+        heading = "Facts (how many, then which; nothing else is true):"
+        assert b.prompt == fact.sub(count, a.prompt).replace("Facts (nothing else is true):", heading)
+        assert b.reasoning == fact.sub(count, a.reasoning) and not re.search(r"\? [A-Z][a-z]+ (is|has) ", b.reasoning)
+        counts |= {int(n) for n in re.findall(r"^[A-Z][a-z]+ (\d)\b", b.prompt, re.MULTILINE)}
+    assert counts == {0, 1, 2, 3}
+
+
 @pytest.mark.parametrize("derive", ["lookup", "scan"])
 def test_joint_keyed_lines_rekey_the_derivation_and_leave_the_prompt_alone(derive):
     """With `line_rules="keyed"` a derivation line writes each rule it copies as `cleared: licensed and

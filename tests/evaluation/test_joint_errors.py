@@ -131,6 +131,8 @@ def test_stated_counts_the_properties_of_a_fact_line():
     assert joint_errors.stated(roster_line) == 2
     assert joint_errors.stated("1. Is Kim cleared? Kim: licensed and rested. cleared: rested. yes") == 2
     assert joint_errors.stated("1. Is Kim insured? Kim: none. no") == 0
+    assert joint_errors.stated("1. Is Kim insured? Kim 2 licensed and rested. no") == 2  # counted
+    assert joint_errors.stated("1. Is Kim insured? Kim 0. no") == 0
 
 
 @pytest.mark.parametrize("keyed", [False, True])

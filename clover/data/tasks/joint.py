@@ -59,6 +59,16 @@ Measured from the shipped model, the lookup by pilot and property is learned slo
 supervision 0.87 of the values are right after 2,000 steps, and joint decodes worse than in the
 stated form (BENCHMARKS.md, "Joint's facts as a roster that names the pilot at each value").
 
+With ``facts="counted"`` each fact line gives how many properties it states, then which, where the
+stated form writes ``is``: ``Kim 2 licensed and rested.``, ``Kim 1 rested.``, ``Kim 0.`` (under ``Facts
+(how many, then which; nothing else is true):``), in the prompt and in each line's copy. In the stated
+form a copy's list length is decided at the separator after its first property, by a lookup that finds
+the words just written in the prompt, and no layer of the shipped model holds there whose line they are
+in: 42 of its 79 wrong copies of seed 8 go wrong at that separator (BENCHMARKS.md, "The fact lines
+follow a shared word"). Counted, the length is looked up right after the name, where the stated form's
+``is`` and first property are looked up without fault, and each separator follows from the count two
+tokens back. The first property is looked up as far from the name as in the stated form.
+
 With ``rules="keyed"`` (the default is ``"sentence"``) each rule is written with its derived property
 first, as a list of requirements is, ``cleared: licensed and rested.`` in place of ``Anyone who is
 licensed and rested is cleared.``; with ``facts="keyed"`` each fact line names the pilot the same
@@ -154,8 +164,8 @@ DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qu
 _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its checks in two more layouts
 # the prompt's facts, by form, under their heading: closed-world sentences, keyed lines, or every value listed
 _CLOSED_WORLD = "Facts (nothing else is true):"
-_FACT_HEADINGS = {"stated": _CLOSED_WORLD, "keyed": _CLOSED_WORLD, "roster": "Roster:", "named": "Roster:",
-                  "marked": "Roster (+ yes, - no):"}
+_FACT_HEADINGS = {"stated": _CLOSED_WORLD, "counted": "Facts (how many, then which; nothing else is true):",
+                  "keyed": _CLOSED_WORLD, "roster": "Roster:", "named": "Roster:", "marked": "Roster (+ yes, - no):"}
 _NAMED = ("named", "marked")  # roster forms that name the pilot at each value: `Kim rested=yes` or `Kim rested+`
 _LOOKED_UP = ("roster", *_NAMED)  # fact forms whose lines look each condition's value up
 RULE_FORMS = ("sentence", "keyed")  # "Anyone who is a and b is d." or "d: a and b."
@@ -453,6 +463,8 @@ def fact_line(person: str, held: set[str], base: list[str], form: str) -> str:
     held_in_order = [b for b in base if b in held]
     if form == "keyed":
         return f"{person}: {_join(held_in_order) if held_in_order else 'none'}."
+    if form == "counted":
+        return f"{person} {len(held_in_order)} {_join(held_in_order)}." if held_in_order else f"{person} 0."
     return f"{person} is {_join(held_in_order)}." if held_in_order else f"{person} has none of these."
 
 
