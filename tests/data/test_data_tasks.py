@@ -17,14 +17,20 @@ _RADIUS = re.compile(r"(\d+(?:\.\d)?) ?(km|kilometres|metres|m|NM)\b")
 
 
 def _fact_lines(prompt: str) -> list[str]:
-    """A joint prompt's closed-world fact lines, one per pilot."""
-    return prompt.split("Facts (nothing else is true):\n")[1].split("\nQuestions:")[0].splitlines()
+    """A joint prompt's closed-world fact lines, one per pilot (stated or counted)."""
+    return re.split(r"Facts \(.*nothing else is true\):\n", prompt)[1].split("\nQuestions:")[0].splitlines()
+
+
+def _listed(sentence: str) -> list[str]:
+    """The properties a closed-world fact line states, in order: `Kim is a, b and c.` or counted `Kim 3
+    a, b and c.` -> [a, b, c]; `Kim has none of these.` or `Kim 0.` -> []."""
+    listed = re.fullmatch(r"\w+ (?:is|[1-3]) (.+?)\.?", sentence)
+    return listed[1].replace(" and ", ", ").split(", ") if listed else []
 
 
 def _stated(sentence: str) -> set[str]:
-    """The properties a closed-world fact line states: `Kim is a, b and c.` -> {a, b, c}."""
-    return set() if "none" in sentence else set(
-        sentence.split(" is ", 1)[1].rstrip(".").replace(" and ", ", ").split(", "))
+    """`_listed` as a set."""
+    return set(_listed(sentence))
 
 
 def _radius_km(text: str) -> float:
@@ -185,7 +191,7 @@ def test_joint_balanced_answers_do_not_follow_the_fact_line_length():
             ex = task.generate(seed, "train")
             for line in ex.reasoning.splitlines():
                 fact, verdict = line.split("? ")[1].split(". ")[0], line.rsplit(" ", 1)[1]
-                size = 0 if "none" in fact else fact.count(" and ") + fact.count(",") + 1
+                size = len(_listed(fact))
                 if "Anyone" not in line and size in counts:
                     counts[size][0] += verdict == "yes"
                     counts[size][1] += 1
@@ -196,7 +202,7 @@ def test_joint_balanced_answers_do_not_follow_the_fact_line_length():
     assert 0.4 < balanced[1] < 0.6 and 0.4 < balanced[2] < 0.6
     ex = get_task("joint", balanced=True, max_questions=8).generate(0, "train")
     assert get_task("joint", balanced=True).score(ex, ex.answer)["correct"]
-    first = eval_examples(40, seed=3, tasks=[get_task("joint")])[0]  # as drawn before the option existed
+    first = eval_examples(40, seed=3, tasks=[get_task("joint", facts="stated")])[0]  # as drawn before the option
     assert first.answer == "1:no 2:no 3:yes 4:yes" and first.prompt.splitlines()[4:7] == [
         "Fay is trained.", "Kim is insured.", "Ivy is trained."]
 
@@ -240,10 +246,9 @@ def test_joint_hard_verdicts_redraws_until_the_fact_lines_length_misleads():
     for seed in range(100):
         ex = hard.generate(seed, "train")
         assert any(misleads(ex)) and hard.score(ex, ex.answer)["correct"]
-        facts = dict(line.split(" is ", 1) if " is " in line else (line.split(" has ")[0], "")
-                     for line in _fact_lines(ex.prompt))
-        assert ex.meta["stated"] == [len(re.split(", | and ", facts[q.split()[2]])) if facts[q.split()[2]] else 0
-                                     for q in ex.prompt.split("Questions:\n")[1].splitlines()[:-1]]
+        facts = {line.split(" ", 1)[0]: _listed(line) for line in _fact_lines(ex.prompt)}
+        questions = ex.prompt.split("Questions:\n")[1].splitlines()[:-1]
+        assert ex.meta["stated"] == [len(facts[q.split()[2]]) for q in questions]
     assert not all(any(misleads(plain.generate(seed, "train"))) for seed in range(100))
     default = get_task("joint", hard_verdicts=0.0)
     assert all(default.generate(s, "eval").prompt == get_task("joint").generate(s, "eval").prompt for s in range(20))
@@ -271,7 +276,7 @@ def test_joint_checks_write_each_condition_against_the_fact_line(layout):
             checks = with_checks[len(head) + 1: -len(verdict) - 1]
             assert with_checks == f"{head} {checks} {verdict}" if checks else with_checks == line
             fact = line.split("? ")[1].split(". ")[0]
-            held = [] if "none" in fact else fact.split(" is ", 1)[1].replace(" and ", ", ").split(", ")
+            held = _listed(fact)
             rule = head.split("Anyone who is ")[-1].split(" is ")[0] if "Anyone" in head else None
             conditions = rule.replace(" and ", ", ").split(", ") if rule else [line.split(" ")[3][:-1]]
             if not held:
@@ -456,7 +461,7 @@ def test_joint_keyed_rules_and_facts_write_the_key_first(facts):
     `facts="keyed"` each fact line reads `Kim: licensed and rested.` (`Kim: none.`). The draws are the
     sentence prompts' (same random stream): same pilots, questions and answers, the same lines
     otherwise."""
-    sentence = get_task("joint", balanced=True)
+    sentence = get_task("joint", balanced=True, facts="stated")
     keyed = get_task("joint", balanced=True, rules="keyed", facts=facts)
     rule = re.compile(r"Anyone who is (.+?) is (\w+)\.")
     fact = re.compile(r"\b([A-Z][a-z]+) (?:is (.+?)|has (none) of these)\.")

@@ -84,7 +84,7 @@ def _texts(tokenizer, examples):
 def test_the_fact_lookup_labels_each_pilots_line_and_the_tokens_a_copy_of_it_writes():
     model, tokenizer = _model()
     model, new = head.with_silent_layer(model)
-    examples = eval_examples(8, seed=50, tasks=[get_task("joint", line_rules="keyed")])
+    examples = eval_examples(8, seed=50, tasks=[get_task("joint", line_rules="keyed", facts="stated")])
     data = head.collect_facts(model, tokenizer, examples, layer=new - 1)
     causal = data["limit"] == data["pos"] + 1
     ids = [tokenizer(text, add_special_tokens=False).input_ids for text in _texts(tokenizer, examples)]

@@ -15,7 +15,7 @@ FACT_COPY = re.compile(r"\? (?:\w+: [^.]+\. )?((\w+) (?:is [^.]+|has none of the
 
 
 def test_samples_are_the_list_tokens_of_each_line_with_two_or_more_pilots(model, tokenizer):
-    examples = eval_examples(12, seed=0, tasks=[get_task("joint")])
+    examples = eval_examples(12, seed=0, tasks=[get_task("joint", facts="stated")])  # the probe reads `is` lines
     with torch.inference_mode():
         samples = owner_probe.owner_samples(model, tokenizer, examples)
     several = [e for e in examples if len(PROMPT_FACT.findall(e.prompt)) >= 2]

@@ -207,7 +207,7 @@ def joint_key_sources(target: str):
 
     tokenizer = load_tokenizer(default_model_dir())
     keys, rows = joint_key_tokens(tokenizer, target), []
-    for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
+    for example in eval_examples(16, seed=0, tasks=[get_task("joint", facts="stated")]):  # lines with `is`
         prompt = tokenizer(example.prompt, add_special_tokens=False).input_ids
         response = tokenizer(example.reasoning, add_special_tokens=False).input_ids
         sources = key_sources(_batch([Pair(tuple(prompt), (*response, EOS))]), keys)[0, :len(response)].tolist()
@@ -356,7 +356,7 @@ def test_joint_s_fact_copies_point_into_the_asked_pilot_s_prompt_line():
     tokenizer = load_tokenizer(default_model_dir())
     facts, found = joint_fact_tokens(tokenizer), 0
     assert tokenizer.decode([facts.question]) == "?" and {tokenizer.decode([s]) for s in facts.spaces} == {" ", "\n"}
-    for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
+    for example in eval_examples(16, seed=0, tasks=[get_task("joint", facts="stated")]):  # lines with `is`
         prompt = tokenizer(example.prompt, add_special_tokens=False).input_ids
         response = tokenizer(example.reasoning, add_special_tokens=False).input_ids
         sources = fact_line_sources(_batch([Pair(tuple(prompt), (*response, EOS))]), facts)[0].tolist()
@@ -415,7 +415,7 @@ def test_joint_s_first_words_point_at_the_pilot_s_first_property():
 
     tokenizer = load_tokenizer(default_model_dir())
     facts, found = joint_fact_tokens(tokenizer, "first_words"), 0
-    for example in eval_examples(16, seed=0, tasks=[get_task("joint")]):
+    for example in eval_examples(16, seed=0, tasks=[get_task("joint", facts="stated")]):  # lines with `is`
         prompt = tokenizer(example.prompt, add_special_tokens=False).input_ids
         response = tokenizer(example.reasoning, add_special_tokens=False).input_ids
         sources = fact_line_sources(_batch([Pair(tuple(prompt), (*response, EOS))]), facts)[0].tolist()

@@ -488,7 +488,9 @@ def test_the_second_lookup_head_run_continues_run_a_on_fresh_data():
 SHIPPED_LINEAGE = (("asked_a_cpu", "checkpoints/curriculum-soup2", None),
                    ("first_c_cpu", "runs/asked-a-1000", 1000),
                    ("first_h_cpu", "runs/first-c-500", 500),
-                   ("first_j_cpu", "checkpoints/first-h-1000", 1000))
+                   ("first_j_cpu", "checkpoints/first-h-1000", 1000),
+                   ("counted_b_cpu", "checkpoints/first-j-1000", 1000),
+                   ("counted_c_cpu", "checkpoints/counted-b-1500", 1500))
 
 
 def test_the_shipped_lineage_continues_the_second_average_from_committed_or_named_steps():
@@ -496,6 +498,7 @@ def test_the_shipped_lineage_continues_the_second_average_from_committed_or_name
     for (parent, _, _), (recipe, init, step) in zip(stages, stages[1:]):
         assert recipe.model.init == init and init.endswith(f"-{step}") and step <= parent.train.steps
         assert parent.output_dir.replace("_", "-") + f"-{step}" == init.replace("checkpoints/", "runs/")
-    assert (ROOT / "checkpoints" / "curriculum-soup2").is_dir() and (ROOT / "checkpoints" / "first-h-1000").is_dir()
+    assert all((ROOT / "checkpoints" / name).is_dir() for name in ("curriculum-soup2", "first-h-1000", "first-j-1000",
+                                                                    "counted-b-1500"))
     seeds = [recipe.data.seed for recipe, _, _ in stages]
     assert len(set(seeds)) == len(seeds), seeds

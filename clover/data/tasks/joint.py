@@ -38,7 +38,8 @@ line writes does not depend on their outcomes (in the other layouts a condition'
 match, and block mode learns to read a check's outcome from where they stop); the answer is then yes
 when every condition has a "+".
 
-With ``facts="roster"`` (the default is ``"stated"``, the closed-world sentences above) the prompt
+With ``facts="roster"`` (the default is ``"counted"``, below; ``"stated"`` writes the closed-world
+sentences above) the prompt
 lists every pilot's value of every base property, ``Kim: licensed=no, rested=yes, registered=yes.``,
 as a roster does, and each line looks up the conditions it needs in the copied roster line before
 the answer: ``2. Is Kim cleared? Kim: licensed=no, rested=yes, registered=yes. Anyone who is licensed
@@ -59,15 +60,20 @@ Measured from the shipped model, the lookup by pilot and property is learned slo
 supervision 0.87 of the values are right after 2,000 steps, and joint decodes worse than in the
 stated form (BENCHMARKS.md, "Joint's facts as a roster that names the pilot at each value").
 
-With ``facts="counted"`` each fact line gives how many properties it states, then which, where the
-stated form writes ``is``: ``Kim 2 licensed and rested.``, ``Kim 1 rested.``, ``Kim 0.`` (under ``Facts
-(how many, then which; nothing else is true):``), in the prompt and in each line's copy. In the stated
+With ``facts="counted"`` (the default) each fact line gives how many properties it states, then
+which, where the stated form writes ``is``: ``Kim 2 licensed and rested.``, ``Kim 1 rested.``, ``Kim
+0.`` (under ``Facts (how many, then which; nothing else is true):``), in the prompt and in each line's
+copy. In the stated
 form a copy's list length is decided at the separator after its first property, by a lookup that finds
 the words just written in the prompt, and no layer of the shipped model holds there whose line they are
 in: 42 of its 79 wrong copies of seed 8 go wrong at that separator (BENCHMARKS.md, "The fact lines
 follow a shared word"). Counted, the length is looked up right after the name, where the stated form's
 ``is`` and first property are looked up without fault, and each separator follows from the count two
-tokens back. The first property is looked up as far from the name as in the stated form.
+tokens back. The first property is looked up as far from the name as in the stated form. Measured
+from the shipped stated-form model, the copies were right 0.98 of the time after 2,500 steps (0.87
+stated), and the verdicts then failed instead on two-property lines under two-condition rules, where the
+stated rule repeats the fact line's words after the same ``is`` (BENCHMARKS.md, "Joint's fact lines say
+how many before which").
 
 With ``rules="keyed"`` (the default is ``"sentence"``) each rule is written with its derived property
 first, as a list of requirements is, ``cleared: licensed and rested.`` in place of ``Anyone who is
@@ -188,7 +194,7 @@ class JointTask(Task):
 
     def __init__(self, min_questions: int = MIN_QUESTIONS, max_questions: int = 4, max_rules: int = 2,
                  chain: bool = False, reasoning: bool = True, balanced: bool = False, checks: str = "",
-                 facts: str = "stated", rules: str = "sentence", ask_derived: bool = True,
+                 facts: str = "counted", rules: str = "sentence", ask_derived: bool = True,
                  min_people: int = 1, derive: str = "lookup", line_rules: str | None = None,
                  hard_verdicts: float = 0.0):
         check_count_range("questions", min_questions, max_questions, least=MIN_QUESTIONS, most=MAX_QUESTIONS)
