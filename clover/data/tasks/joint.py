@@ -39,13 +39,13 @@ match, and block mode learns to read a check's outcome from where they stop); th
 when every condition has a "+".
 
 With ``facts="roster"`` (the default is ``"counted"``, below; ``"stated"`` writes the closed-world
-sentences above) the prompt
-lists every pilot's value of every base property, ``Kim: licensed=no, rested=yes, registered=yes.``,
-as a roster does, and each line looks up the conditions it needs in the copied roster line before
-the answer: ``2. Is Kim cleared? Kim: licensed=no, rested=yes, registered=yes. Anyone who is licensed
-and rested is cleared. licensed=no, rested=yes. no`` (a base property: ``rested=yes. yes``). Each
-lookup copies the value that follows the condition in the line just written, and the answer is yes
-when every looked-up value is; no step has to notice that a word is missing from a line.
+sentences above) the prompt lists every pilot's value of every base property, ``Kim: licensed=no,
+rested=yes, registered=yes.``, as a roster does, and each line looks up the conditions it needs in the
+copied roster line before the answer: ``2. Is Kim cleared? Kim: licensed=no, rested=yes, registered=yes.
+Anyone who is licensed and rested is cleared. licensed=no, rested=yes. no`` (a base property:
+``rested=yes. yes``). Each lookup copies the value that follows the condition in the line just written,
+and the answer is yes when every looked-up value is; no step has to notice that a word is missing from a
+line.
 
 With ``facts="named"`` the roster names the pilot at each value, ``Kim licensed=no, Kim rested=yes,
 Kim registered=yes.``, and a line copies no fact line: after the question and the rule(s) it looks each
@@ -60,20 +60,19 @@ Measured from the shipped model, the lookup by pilot and property is learned slo
 supervision 0.87 of the values are right after 2,000 steps, and joint decodes worse than in the
 stated form (BENCHMARKS.md, "Joint's facts as a roster that names the pilot at each value").
 
-With ``facts="counted"`` (the default) each fact line gives how many properties it states, then
-which, where the stated form writes ``is``: ``Kim 2 licensed and rested.``, ``Kim 1 rested.``, ``Kim
-0.`` (under ``Facts (how many, then which; nothing else is true):``), in the prompt and in each line's
-copy. In the stated
-form a copy's list length is decided at the separator after its first property, by a lookup that finds
-the words just written in the prompt, and no layer of the shipped model holds there whose line they are
-in: 42 of its 79 wrong copies of seed 8 go wrong at that separator (BENCHMARKS.md, "The fact lines
-follow a shared word"). Counted, the length is looked up right after the name, where the stated form's
-``is`` and first property are looked up without fault, and each separator follows from the count two
-tokens back. The first property is looked up as far from the name as in the stated form. Measured
-from the shipped stated-form model, the copies were right 0.98 of the time after 2,500 steps (0.87
-stated), and the verdicts then failed instead on two-property lines under two-condition rules, where the
-stated rule repeats the fact line's words after the same ``is`` (BENCHMARKS.md, "Joint's fact lines say
-how many before which").
+With ``facts="counted"`` (the default) each fact line gives how many properties it states, then which,
+where the stated form writes ``is``: ``Kim 2 licensed and rested.``, ``Kim 1 rested.``, ``Kim 0.``
+(under ``Facts (how many, then which; nothing else is true):``), in the prompt and in each line's copy.
+In the stated form a copy's list length is decided at the separator after its first property, by a
+lookup that finds the words just written in the prompt, and no layer of the shipped model holds there
+whose line they are in: 42 of its 79 wrong copies of seed 8 go wrong at that separator (BENCHMARKS.md,
+"The fact lines follow a shared word"). Counted, the length is looked up right after the name, where the
+stated form's ``is`` and first property are looked up without fault, and each separator follows from the
+count two tokens back. The first property is looked up as far from the name as in the stated form.
+Measured from the shipped stated-form model, the copies were right 0.98 of the time after 2,500 steps
+(0.87 stated), and the verdicts then failed instead on two-property lines under two-condition rules,
+where the stated rule repeats the fact line's words after the same ``is`` (BENCHMARKS.md, "Joint's fact
+lines say how many before which").
 
 With ``rules="keyed"`` (the default is ``"sentence"``) each rule is written with its derived property
 first, as a list of requirements is, ``cleared: licensed and rested.`` in place of ``Anyone who is
@@ -168,7 +167,8 @@ INSTRUCTION = "Answer every question with yes or no, all on one line."
 BASE: tuple[str, ...] = ("licensed", "insured", "trained", "registered", "certified", "rested")
 DERIVED: tuple[str, ...] = ("approved", "cleared", "eligible", "authorized", "qualified")
 _CHECK_LAYOUTS = (*CHECK_LAYOUTS, "signed", "signed_all")  # joint writes its checks in two more layouts
-# the prompt's facts, by form, under their heading: closed-world sentences, keyed lines, or every value listed
+# the prompt's facts, by form, under their heading: closed-world sentences (counted or not), keyed lines, or every
+# value listed
 _CLOSED_WORLD = "Facts (nothing else is true):"
 _FACT_HEADINGS = {"stated": _CLOSED_WORLD, "counted": "Facts (how many, then which; nothing else is true):",
                   "keyed": _CLOSED_WORLD, "roster": "Roster:", "named": "Roster:", "marked": "Roster (+ yes, - no):"}
