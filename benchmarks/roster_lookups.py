@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import joint_probe_inputs  # noqa: E402
+from joint_errors import SIGN_WORD  # noqa: E402
 
 PARTS = ("rule", "key", "value yes", "value no", "line", "verdict")
 RULE = re.compile(r"Anyone who is .*? is \w+\.")
@@ -38,7 +39,7 @@ def parts(line: str) -> list[tuple[str, int, int]]:
     found = [("rule", m.start(), m.end()) for m in RULE.finditer(line, asked)]
     for m in LOOKUP.finditer(line, asked):
         group = 2 if m[2] else 3
-        word = m[2] or {"+": "yes", "-": "no"}[m[3]]
+        word = m[2] or SIGN_WORD[m[3]]
         found += [("key", m.start(1), m.end(1)), (f"value {word}", m.start(group), m.end(group))]
     verdict = line.rsplit(" ", 1)[1]
     return sorted(found, key=lambda span: span[1]) + [("verdict", len(line) - len(verdict), len(line))]
